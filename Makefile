@@ -1,0 +1,58 @@
+# The two set-up commands: `make demo` runs the main job, `make test` runs the checks and the tests.
+# Each sets up what it needs on a fresh machine (a .venv, the Python packages, the Kafka jars) and
+# is idempotent. System prerequisites (Java 17+, Maven, PostgreSQL server binaries) are listed in
+# README.md; `.ci/run` installs them with apt-get when it runs as root.
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+INSTALLED := $(VENV)/.installed
+export DS_ACCELERATOR ?= cpu
+# Quiet pip and keep its downloads in the user cache, outside the work tree.
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+.PHONY: install setup test lint typecheck pytest demo up down status bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q -U pip setuptools wheel
+
+# Reinstall when the dependency list or the pinned versions change.
+$(INSTALLED): pyproject.toml constraints.txt | $(BIN)/python
+	$(BIN)/pip install -q -c constraints.txt -e '.[all,dev]'
+	touch $@
+
+install: $(INSTALLED)
+
+setup: install
+	$(BIN)/liveloop setup
+
+lint: install
+	$(BIN)/ruff check infra ingest distill learner serving liveloop tests
+	$(BIN)/ruff format --check infra ingest distill learner serving liveloop tests
+
+typecheck: install
+	$(BIN)/mypy
+
+pytest: setup
+	$(BIN)/python -m pytest
+
+test: lint typecheck pytest
+
+demo: setup
+	$(BIN)/liveloop demo
+
+up: setup
+	$(BIN)/liveloop up
+
+down: install
+	$(BIN)/liveloop down
+
+status: install
+	$(BIN)/liveloop status
+
+bench: setup
+	$(BIN)/python -m pytest tests/bench -p no:randomly -q -s --override-ini addopts=
+
+clean: down
+	rm -rf .liveloop bench-results

@@ -1,0 +1,57 @@
+"""The MLflow tracking server and model registry, backed by the local PostgreSQL.
+
+Artifacts are served by the tracking server itself (``--artifacts-destination``), so clients need
+only its URL. The backend URI carries the database password, so it is passed in the environment,
+never on the command line where ``ps`` would show it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from infra.probes import http_ok
+from infra.processes import ManagedProcess
+from infra.settings import StackSettings
+
+
+class MlflowServer:
+    """Start, stop and probe the local MLflow server."""
+
+    def __init__(self, settings: StackSettings, backend_dsn: str) -> None:
+        self.settings = settings
+        # psycopg 3 through SQLAlchemy's "postgresql+psycopg" dialect.
+        self.backend_uri = backend_dsn.replace("postgresql://", "postgresql+psycopg://", 1)
+        self.artifacts_dir = (settings.state_dir / "mlflow-artifacts").resolve()
+        self.process = ManagedProcess("mlflow", settings.run_dir, settings.logs_dir)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.settings.host}:{self.settings.mlflow_port}"
+
+    def start(self) -> None:
+        if self.process.pid() is not None:
+            return
+        self.artifacts_dir.mkdir(parents=True, exist_ok=True)
+        mlflow_cli = Path(sys.executable).with_name("mlflow")
+        argv = [
+            str(mlflow_cli), "server", "--host", self.settings.host, "--port", str(self.settings.mlflow_port),
+            "--workers", "1", "--artifacts-destination", self.artifacts_dir.as_uri(),
+        ]  # fmt: skip
+        env = dict(os.environ)
+        env["MLFLOW_BACKEND_STORE_URI"] = self.backend_uri
+        # The job runner starts extra worker processes we do not use; without it the server starts in seconds.
+        env["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] = "false"
+        self.process.start(argv, env=env)
+
+    def stop(self) -> bool:
+        return self.process.stop(timeout_s=20)
+
+    def healthy(self) -> bool:
+        return mlflow_answers(self.url)
+
+
+def mlflow_answers(url: str) -> bool:
+    """True when the tracking server at ``url`` answers its health endpoint."""
+    return http_ok(f"{url}/health")

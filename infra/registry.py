@@ -1,0 +1,83 @@
+"""The MLflow model registry, as the loop uses it: folders of weights as versions, aliases as state.
+
+A checkpoint is a plain folder (safetensors plus a manifest), logged as run artifacts and registered
+with ``create_model_version(source=<run artifact URI>/<path>)``; ``register_model("runs:/...")`` does
+not work for folders that are not MLflow "logged models". Stages are deprecated: the aliases
+``champion`` (what serving must serve) and ``candidate`` (newest, not yet evaluated) carry the state.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from mlflow import MlflowClient
+from mlflow.entities.model_registry import ModelVersion
+from mlflow.exceptions import MlflowException, RestException
+
+from infra.errors import InfraError
+
+CHAMPION = "champion"
+CANDIDATE = "candidate"
+
+
+class RegistryError(InfraError):
+    """The registry refused or failed an operation; the message names the model, version or alias."""
+
+
+class AliasNotSet(RegistryError):
+    """The model has no version under that alias yet (e.g. no champion before the base model exists)."""
+
+
+class Registry:
+    """A thin adapter over ``MlflowClient`` that converts its errors into ``RegistryError``."""
+
+    def __init__(self, tracking_uri: str) -> None:
+        self.client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
+
+    def register_folder(self, name: str, run_id: str, artifact_path: str, tags: dict[str, str] | None = None) -> int:
+        """Register the run's artifact folder ``artifact_path`` as a new version of ``name``; return it."""
+        try:
+            try:
+                self.client.get_registered_model(name)
+            except RestException as exc:
+                if exc.error_code != "RESOURCE_DOES_NOT_EXIST":
+                    raise
+                self.client.create_registered_model(name)
+            run = self.client.get_run(run_id)
+            source = f"{run.info.artifact_uri.rstrip('/')}/{artifact_path.strip('/')}"
+            version = self.client.create_model_version(name, source=source, run_id=run_id, tags=tags)
+        except MlflowException as exc:
+            raise RegistryError(f"registering {artifact_path} of run {run_id} as {name} failed: {exc}") from exc
+        return int(version.version)
+
+    def set_alias(self, name: str, alias: str, version: int) -> None:
+        """Point ``alias`` of ``name`` at ``version`` (moving it if it pointed elsewhere)."""
+        try:
+            self.client.set_registered_model_alias(name, alias, str(version))
+        except MlflowException as exc:
+            raise RegistryError(f"setting {name}@{alias} -> v{version} failed: {exc}") from exc
+
+    def version_by_alias(self, name: str, alias: str) -> ModelVersion:
+        """The model version the alias points at; AliasNotSet if there is none."""
+        try:
+            return self.client.get_model_version_by_alias(name, alias)
+        except RestException as exc:
+            if exc.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE", "NOT_FOUND"):
+                raise AliasNotSet(f"{name} has no version with alias '{alias}'") from exc
+            raise RegistryError(f"looking up {name}@{alias} failed: {exc}") from exc
+        except MlflowException as exc:
+            raise RegistryError(f"looking up {name}@{alias} failed: {exc}") from exc
+
+    def download(self, name: str, version: int, destination: Path) -> Path:
+        """Download the files of a model version into ``destination``; return the folder."""
+        import mlflow.artifacts
+
+        try:
+            mv = self.client.get_model_version(name, str(version))
+            source = self.client.get_model_version_download_uri(name, mv.version)
+            path = mlflow.artifacts.download_artifacts(
+                artifact_uri=source, dst_path=str(destination), tracking_uri=self.client.tracking_uri
+            )
+        except MlflowException as exc:
+            raise RegistryError(f"downloading {name} v{version} failed: {exc}") from exc
+        return Path(path)

@@ -1,0 +1,109 @@
+"""Settings: one pydantic-settings base that every stage extends with its own env prefix.
+
+Each service has exactly one settings class, named ``<Stage>Settings``, whose env prefix is
+``LIVELOOP_<STAGE>_``. Settings are validated when the service starts and every problem is reported
+at once (pydantic collects all errors of a model before it raises).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+Port = Annotated[int, Field(ge=1, le=65535)]
+
+
+class LiveloopSettings(BaseSettings):
+    """Base of every stage's settings: env-driven, strict about unknown keys, validated eagerly."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="LIVELOOP_",
+        env_nested_delimiter="__",
+        extra="forbid",
+        validate_default=True,
+    )
+
+
+class TopicSpec(BaseModel):
+    """How one Kafka topic is provisioned."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(min_length=1, max_length=249, pattern=r"^[A-Za-z0-9._-]+$")
+    partitions: int = Field(default=6, ge=1, le=1024, description="Partitions; may grow, never shrink.")
+    retention_ms: int = Field(default=7 * 24 * 3600 * 1000, ge=-1, description="-1 keeps data forever.")
+    cleanup_policy: Literal["delete", "compact", "compact,delete"] = "delete"
+
+
+class TopicsSettings(LiveloopSettings):
+    """The topics of the loop (DESIGN.md, 'Topics'). Override e.g. LIVELOOP_TOPICS_EVENTS__PARTITIONS=12."""
+
+    model_config = SettingsConfigDict(env_prefix="LIVELOOP_TOPICS_")
+
+    events: TopicSpec = TopicSpec(name="liveloop.events", partitions=6)
+    events_dlq: TopicSpec = TopicSpec(name="liveloop.events.dlq", partitions=1, retention_ms=30 * 24 * 3600 * 1000)
+    samples: TopicSpec = TopicSpec(name="liveloop.samples", partitions=3, retention_ms=30 * 24 * 3600 * 1000)
+    # Announcements and decisions are small and must outlive any retention window: keep them.
+    checkpoints: TopicSpec = TopicSpec(name="liveloop.checkpoints", partitions=1, retention_ms=-1)
+    promotions: TopicSpec = TopicSpec(name="liveloop.promotions", partitions=1, retention_ms=-1)
+
+    def all(self) -> list[TopicSpec]:
+        """Every topic, in the order of the loop."""
+        return [self.events, self.events_dlq, self.samples, self.checkpoints, self.promotions]
+
+
+class StackSettings(LiveloopSettings):
+    """Where the local stack lives and listens. Env prefix ``LIVELOOP_INFRA_``.
+
+    Each service is either started locally (the default) or, when its external address is set,
+    used as it is and never started or stopped by liveloop.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="LIVELOOP_INFRA_")
+
+    state_dir: Path = Field(default=Path(".liveloop"), description="Local state: data, logs, pids, credentials.")
+    cache_dir: Path = Field(
+        default=Path.home() / ".cache" / "liveloop",
+        description="Downloaded artifacts (the Kafka jars), kept outside the work tree and reused.",
+    )
+    host: str = Field(default="127.0.0.1", description="Address every local service binds to.")
+    startup_timeout_s: float = Field(default=90.0, gt=0, le=600)
+
+    kafka_bootstrap: str | None = Field(default=None, description="External broker; when set none is started.")
+    kafka_version: str = Field(default="4.3.1", pattern=r"^4\.\d+\.\d+$")
+    kafka_port: Port = 9092
+    kafka_controller_port: Port = 9093
+    kafka_heap_opts: str = Field(default="-Xms256m -Xmx1g", description="JVM heap for the broker (2-core boxes).")
+
+    postgres_dsn: SecretStr | None = Field(default=None, description="External PostgreSQL; when set none is started.")
+    postgres_port: Port = 5433
+    postgres_bin_dir: Path | None = Field(default=None, description="PostgreSQL server binaries; found if unset.")
+
+    mlflow_url: str | None = Field(default=None, description="External MLflow server; when set none is started.")
+    mlflow_port: Port = 5000
+
+    @property
+    def kafka_address(self) -> str:
+        """The bootstrap address clients use."""
+        return self.kafka_bootstrap or f"{self.host}:{self.kafka_port}"
+
+    @property
+    def mlflow_address(self) -> str:
+        """The tracking URI clients use."""
+        return self.mlflow_url or f"http://{self.host}:{self.mlflow_port}"
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.state_dir / "logs"
+
+    @property
+    def run_dir(self) -> Path:
+        """Pid files of the processes this stack started."""
+        return self.state_dir / "run"
+
+    @property
+    def credentials_path(self) -> Path:
+        return self.state_dir / "credentials.json"

@@ -1,0 +1,73 @@
+"""Topic provisioning: create the loop's topics, or bring existing ones in line with their settings.
+
+Idempotent: run it on every ``up``. Partitions can grow but never shrink (Kafka cannot), so a topic
+with more partitions than configured is reported, not changed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable
+
+from kafka import KafkaAdminClient
+from kafka.admin import ConfigResource, ConfigResourceType
+from kafka.errors import KafkaError, TopicAlreadyExistsError
+
+from infra.errors import ProvisioningError, ServiceUnavailable
+from infra.settings import TopicSpec
+
+
+def _configs(spec: TopicSpec) -> dict[str, str]:
+    return {"retention.ms": str(spec.retention_ms), "cleanup.policy": spec.cleanup_policy}
+
+
+def ensure_topics(bootstrap: str, specs: Iterable[TopicSpec], timeout_ms: int = 30_000) -> dict[str, str]:
+    """Make each topic exist as its spec says; return what was done per topic (created/updated/unchanged)."""
+    specs = list(specs)
+    try:
+        admin = KafkaAdminClient(
+            bootstrap_servers=bootstrap, request_timeout_ms=timeout_ms, client_id="liveloop-provision"
+        )
+    except KafkaError as exc:
+        raise ServiceUnavailable(f"cannot reach Kafka at {bootstrap} to provision topics: {exc}") from exc
+    try:
+        return _ensure(admin, specs, timeout_ms)
+    except KafkaError as exc:
+        raise ProvisioningError(f"provisioning topics on {bootstrap} failed: {exc!r}") from exc
+    finally:
+        admin.close()
+
+
+def _ensure(admin: KafkaAdminClient, specs: list[TopicSpec], timeout_ms: int) -> dict[str, str]:
+    existing = set(admin.list_topics())
+    actions: dict[str, str] = {}
+    missing = {
+        s.name: {"num_partitions": s.partitions, "replication_factor": 1, "configs": _configs(s)}
+        for s in specs
+        if s.name not in existing
+    }
+    if missing:
+        # Created concurrently by another `up`? Then it is checked like any existing topic next time.
+        with contextlib.suppress(TopicAlreadyExistsError):
+            admin.create_topics(missing, timeout_ms=timeout_ms, wait_for_metadata=True)
+        actions.update({name: "created" for name in missing})
+
+    present = [s for s in specs if s.name not in missing]
+    if not present:
+        return actions
+    partitions = {t["topic"]: len(t["partitions"]) for t in admin.describe_topics([s.name for s in present])}
+    grow = {s.name: s.partitions for s in present if partitions[s.name] < s.partitions}
+    shrink = [
+        f"{s.name} has {partitions[s.name]} > {s.partitions}" for s in present if partitions[s.name] > s.partitions
+    ]
+    if shrink:
+        raise ProvisioningError(
+            "Kafka cannot remove partitions: " + "; ".join(shrink) + ". Raise the setting or recreate the topic."
+        )
+    if grow:
+        admin.create_partitions(grow, timeout_ms=timeout_ms)
+    resources = [ConfigResource(ConfigResourceType.TOPIC, s.name, configs=_configs(s)) for s in present]
+    admin.alter_configs(resources)
+    for s in present:
+        actions[s.name] = "grown" if s.name in grow else "checked"
+    return actions

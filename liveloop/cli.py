@@ -1,0 +1,100 @@
+"""The ``liveloop`` command line: run the loop locally and operate it."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from infra.errors import InfraError
+from infra.stack import ComponentSpec, Stack
+
+app = typer.Typer(help="liveloop: online learning from production traffic.", no_args_is_help=True, add_completion=False)
+console = Console()
+
+
+def components() -> list[ComponentSpec]:
+    """The loop's own processes that ``up`` starts beside the services (the stages add theirs here)."""
+    return []
+
+
+def _stack() -> Stack:
+    try:
+        return Stack()
+    except InfraError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from exc
+
+
+@app.command()
+def setup() -> None:
+    """Check prerequisites and fetch the Kafka broker from Maven Central into the cache (idempotent)."""
+    stack = _stack()
+    try:
+        with console.status("checking prerequisites, resolving Kafka jars ..."):
+            stack.setup()
+    except InfraError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(1) from exc
+    console.print(f"ready: Kafka {stack.settings.kafka_version} jars in {stack.kafka.jars_dir}")
+
+
+@app.command()
+def up() -> None:
+    """Start the local stack (Kafka, PostgreSQL, MLflow and the loop's components) and wait until healthy."""
+    stack = _stack()
+    started = time.monotonic()
+    try:
+        with console.status("starting Kafka, PostgreSQL and MLflow ..."):
+            timings = stack.up(components())
+    except InfraError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(1) from exc
+    parts = ", ".join(f"{name} {seconds:.1f}s" for name, seconds in timings.items())
+    console.print(f"[green]up[/green] in {time.monotonic() - started:.1f}s ({parts})")
+    _print_status(stack.status(components()))
+
+
+@app.command()
+def down() -> None:
+    """Stop everything ``up`` started; leaves no process behind. Data is kept for the next ``up``."""
+    stopped = _stack().down([c.name for c in components()])
+    console.print("stopped: " + (", ".join(stopped) if stopped else "nothing was running"))
+
+
+@app.command()
+def status(as_json: bool = typer.Option(False, "--json", help="Print machine-readable JSON.")) -> None:
+    """Each service and component with its address and health. Exits 1 if anything is unhealthy."""
+    report = _stack().status(components())
+    if as_json:
+        typer.echo(json.dumps(report, indent=2, sort_keys=True))
+    else:
+        _print_status(report)
+    everything = list(report["services"].values()) + list(report["components"].values())
+    if not all(item["healthy"] for item in everything):
+        raise typer.Exit(1)
+
+
+@app.command()
+def demo() -> None:
+    """The main job: for now it starts the stack, shows its status and stops it again."""
+    up()
+    down()
+
+
+def _print_status(report: dict[str, dict[str, dict[str, object]]]) -> None:
+    table = Table("kind", "name", "healthy", "address")
+    for kind in ("services", "components"):
+        for name, item in report[kind].items():
+            address = item.get("address") or item.get("url") or item.get("dsn") or ""
+            mark = "[green]yes[/green]" if item["healthy"] else "[red]no[/red]"
+            table.add_row(kind[:-1], name, mark, str(address))
+    console.print(table)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()
