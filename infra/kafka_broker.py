@@ -14,7 +14,7 @@ import uuid
 from pathlib import Path
 
 from infra.errors import PrerequisiteMissing, ServiceStartError
-from infra.probes import port_open
+from infra.probes import port_open, require_program
 from infra.processes import ManagedProcess
 from infra.settings import StackSettings
 
@@ -29,14 +29,6 @@ appender.out.layout.pattern = [%d] %p %m (%c)%n
 rootLogger.level = {level}
 rootLogger.appenderRef.out.ref = out
 """
-
-
-def require_program(name: str, debian_package: str, purpose: str) -> str:
-    """The program's path, or PrerequisiteMissing with the one line that says what to install."""
-    path = shutil.which(name)
-    if path is None:
-        raise PrerequisiteMissing(f"{name} not found: {purpose}; install it with `apt-get install {debian_package}`")
-    return path
 
 
 class KafkaBroker:

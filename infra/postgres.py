@@ -13,10 +13,12 @@ import pwd
 import shutil
 import subprocess
 import tempfile
+from functools import cached_property
 from pathlib import Path
 
 from infra.credentials import DevCredentials
 from infra.errors import PrerequisiteMissing, ServiceStartError
+from infra.probes import require_program
 from infra.settings import StackSettings
 
 DATABASES = ("liveloop", "mlflow")
@@ -49,9 +51,19 @@ class LocalPostgres:
         self.settings = settings
         self.credentials = credentials
         self.as_root = os.geteuid() == 0
-        self.root_dir = self._cluster_root()
-        self.data_dir = self.root_dir / "data"
-        self.log_path = self.root_dir / "postgres.log"
+
+    @cached_property
+    def root_dir(self) -> Path:
+        """The cluster's folder (its data and its log); found on first use, as that may probe the OS user."""
+        return self._cluster_root()
+
+    @property
+    def data_dir(self) -> Path:
+        return self.root_dir / "data"
+
+    @property
+    def log_path(self) -> Path:
+        return self.root_dir / "postgres.log"
 
     def _cluster_root(self) -> Path:
         """Where the cluster lives: under the state folder, unless the server's OS user cannot reach it."""
@@ -65,7 +77,8 @@ class LocalPostgres:
 
     def _reachable_by_os_user(self, directory: Path) -> bool:
         directory.mkdir(parents=True, exist_ok=True)
-        probe = subprocess.run(["runuser", "-u", self.os_user, "--", "test", "-x", str(directory)], check=False)
+        runuser = require_program("runuser", "util-linux", "PostgreSQL must run as an unprivileged user")
+        probe = subprocess.run([runuser, "-u", self.os_user, "--", "test", "-x", str(directory)], check=False)
         return probe.returncode == 0
 
     def _run(self, argv: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
@@ -77,7 +90,8 @@ class LocalPostgres:
                     f"PostgreSQL cannot run as root and there is no '{self.os_user}' user; "
                     "install `postgresql` (it creates one) or run liveloop as an unprivileged user"
                 ) from exc
-            argv = ["runuser", "-u", self.os_user, "--", *argv]
+            runuser = require_program("runuser", "util-linux", "PostgreSQL must run as an unprivileged user")
+            argv = [runuser, "-u", self.os_user, "--", *argv]
         return subprocess.run(argv, capture_output=True, text=True, check=False, **kwargs)  # type: ignore[call-overload, no-any-return]
 
     def _chown(self, path: Path) -> None:

@@ -2,9 +2,21 @@
 
 from __future__ import annotations
 
+import shutil
 import socket
 import urllib.error
 import urllib.request
+
+from infra.errors import PrerequisiteMissing
+
+
+def require_program(name: str, debian_package: str, purpose: str) -> str:
+    """The program's path, or PrerequisiteMissing with the one line that says what to install."""
+    # sbin is often missing from the PATH of a non-login shell, yet runuser lives there.
+    path = shutil.which(name) or shutil.which(name, path="/usr/sbin:/sbin")
+    if path is None:
+        raise PrerequisiteMissing(f"{name} not found: {purpose}; install it with `apt-get install {debian_package}`")
+    return path
 
 
 def port_open(host: str, port: int, timeout_s: float = 1.0) -> bool:

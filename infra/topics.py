@@ -55,7 +55,7 @@ def _ensure(admin: KafkaAdminClient, specs: list[TopicSpec], timeout_ms: int) ->
     present = [s for s in specs if s.name not in missing]
     if not present:
         return actions
-    partitions = {t["topic"]: len(t["partitions"]) for t in admin.describe_topics([s.name for s in present])}
+    partitions = {t["name"]: len(t["partitions"]) for t in admin.describe_topics([s.name for s in present])}
     grow = {s.name: s.partitions for s in present if partitions[s.name] < s.partitions}
     shrink = [
         f"{s.name} has {partitions[s.name]} > {s.partitions}" for s in present if partitions[s.name] > s.partitions

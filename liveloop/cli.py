@@ -14,6 +14,13 @@ from infra.stack import ComponentSpec, Stack
 
 app = typer.Typer(help="liveloop: online learning from production traffic.", no_args_is_help=True, add_completion=False)
 console = Console()
+# Errors go to stderr as one unwrapped line, so that they can be read, grepped and copied whole.
+errors = Console(stderr=True, soft_wrap=True)
+
+
+def _fail(exc: Exception, code: int) -> typer.Exit:
+    errors.print(f"[red]error:[/red] {exc}", highlight=False)
+    return typer.Exit(code)
 
 
 def components() -> list[ComponentSpec]:
@@ -25,8 +32,7 @@ def _stack() -> Stack:
     try:
         return Stack()
     except InfraError as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(2) from exc
+        raise _fail(exc, 2) from exc
 
 
 @app.command()
@@ -37,8 +43,7 @@ def setup() -> None:
         with console.status("checking prerequisites, resolving Kafka jars ..."):
             stack.setup()
     except InfraError as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(1) from exc
+        raise _fail(exc, 1) from exc
     console.print(f"ready: Kafka {stack.settings.kafka_version} jars in {stack.kafka.jars_dir}")
 
 
@@ -51,8 +56,7 @@ def up() -> None:
         with console.status("starting Kafka, PostgreSQL and MLflow ..."):
             timings = stack.up(components())
     except InfraError as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(1) from exc
+        raise _fail(exc, 1) from exc
     parts = ", ".join(f"{name} {seconds:.1f}s" for name, seconds in timings.items())
     console.print(f"[green]up[/green] in {time.monotonic() - started:.1f}s ({parts})")
     _print_status(stack.status(components()))

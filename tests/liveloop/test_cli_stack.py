@@ -1,0 +1,86 @@
+"""`liveloop up`, `status --json` and `down` as a user runs them: real processes, nothing left behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.conftest import free_port
+
+LIVELOOP = str(Path(sys.executable).with_name("liveloop"))
+
+
+def _run(args: list[str], env: dict[str, str], timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([LIVELOOP, *args], env=env, capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def _processes_using(path: Path) -> list[str]:
+    """Processes whose command line mentions ``path`` (the broker's config, MLflow's artifacts, the cluster)."""
+    marker = str(path.resolve())
+    found = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        cmdline = " ".join(proc.info["cmdline"] or [])
+        if marker in cmdline:
+            found.append(f"{proc.info['pid']}: {cmdline[:200]}")
+    return found
+
+
+@pytest.mark.timeout(300)
+def test_up_status_down_leave_nothing_running(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    ports = {name: free_port() for name in ("KAFKA_PORT", "KAFKA_CONTROLLER_PORT", "POSTGRES_PORT", "MLFLOW_PORT")}
+    env = dict(os.environ, LIVELOOP_INFRA_STATE_DIR=str(state))
+    env.update({f"LIVELOOP_INFRA_{name}": str(port) for name, port in ports.items()})
+    try:
+        up = _run(["up"], env)
+        assert up.returncode == 0, up.stdout + up.stderr
+
+        status = _run(["status", "--json"], env)
+        assert status.returncode == 0, status.stdout + status.stderr
+        report = json.loads(status.stdout)
+        assert report["services"]["kafka"] == {
+            "healthy": True, "address": f"127.0.0.1:{ports['KAFKA_PORT']}", "managed": True,
+        }  # fmt: skip
+        assert report["services"]["postgres"]["healthy"] is True
+        dsn = report["services"]["postgres"]["dsn"]
+        assert dsn.startswith("postgresql://liveloop:***@127.0.0.1:")
+        assert report["services"]["mlflow"]["url"] == f"http://127.0.0.1:{ports['MLFLOW_PORT']}"
+        assert report["services"]["mlflow"]["healthy"] is True
+        assert isinstance(report["components"], dict)
+        # The password never reaches the status output.
+        password = json.loads((state / "credentials.json").read_text())["postgres_password"]
+        assert password not in status.stdout
+
+        # Idempotent: a second `up` finds everything running and starts nothing new.
+        before = sorted(p.split(":")[0] for p in _processes_using(state))
+        again = _run(["up"], env)
+        assert again.returncode == 0, again.stdout + again.stderr
+        assert sorted(p.split(":")[0] for p in _processes_using(state)) == before
+    finally:
+        down = _run(["down"], env)
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert "kafka" in down.stdout and "postgres" in down.stdout and "mlflow" in down.stdout
+    assert _processes_using(state) == []
+    status = _run(["status", "--json"], env)
+    assert status.returncode == 1
+    assert not any(service["healthy"] for service in json.loads(status.stdout)["services"].values())
+
+
+def test_a_missing_prerequisite_is_one_clear_line(tmp_path: Path) -> None:
+    env = dict(
+        os.environ,
+        PATH=str(Path(sys.executable).parent),  # no java, no mvn
+        LIVELOOP_INFRA_STATE_DIR=str(tmp_path / "state"),
+        LIVELOOP_INFRA_CACHE_DIR=str(tmp_path / "cache"),
+    )
+    result = _run(["setup"], env, timeout=60)
+    assert result.returncode == 1
+    lines = [line for line in (result.stdout + result.stderr).splitlines() if line.strip()]
+    assert len(lines) == 1, lines
+    assert "java not found" in lines[0] and "apt-get install openjdk-17-jre-headless" in lines[0]
