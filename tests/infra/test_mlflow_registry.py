@@ -20,7 +20,7 @@ def _log_checkpoint(tracking_uri: str, tmp: Path, weights: bytes) -> str:
     folder = tmp / f"ckpt-{uuid.uuid4().hex[:6]}"
     folder.mkdir()
     (folder / "model.safetensors").write_bytes(weights)
-    (folder / "manifest.json").write_text('{"id": "%s"}' % folder.name, encoding="utf-8")
+    (folder / "manifest.json").write_text(f'{{"id": "{folder.name}"}}', encoding="utf-8")
     mlflow.set_tracking_uri(tracking_uri)
     mlflow.set_experiment(f"test-registry-{uuid.uuid4().hex[:6]}")
     with mlflow.start_run() as run:

@@ -65,7 +65,9 @@ def test_up_status_down_leave_nothing_running(tmp_path: Path) -> None:
     finally:
         down = _run(["down"], env)
     assert down.returncode == 0, down.stdout + down.stderr
-    assert "kafka" in down.stdout and "postgres" in down.stdout and "mlflow" in down.stdout
+    assert "kafka" in down.stdout
+    assert "postgres" in down.stdout
+    assert "mlflow" in down.stdout
     assert _processes_using(state) == []
     status = _run(["status", "--json"], env)
     assert status.returncode == 1
@@ -83,4 +85,5 @@ def test_a_missing_prerequisite_is_one_clear_line(tmp_path: Path) -> None:
     assert result.returncode == 1
     lines = [line for line in (result.stdout + result.stderr).splitlines() if line.strip()]
     assert len(lines) == 1, lines
-    assert "java not found" in lines[0] and "apt-get install openjdk-17-jre-headless" in lines[0]
+    assert "java not found" in lines[0]
+    assert "apt-get install openjdk-17-jre-headless" in lines[0]
