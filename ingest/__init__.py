@@ -1,0 +1,98 @@
+"""liveloop ingest: the event contract of the ``liveloop.events`` topic, and getting events onto it.
+
+Importing this package is light by design: a product backend embeds it to send events, so it pulls
+in pydantic and nothing heavy (no torch, Faust, MLflow or web framework).
+
+    from ingest import Client, GenerationEvent
+
+    with Client(bootstrap="127.0.0.1:9092") as client:
+        client.emit(event)
+"""
+
+from ingest.errors import (
+    BrokerUnavailable,
+    EventTooLarge,
+    IngestError,
+    InvalidEvent,
+    UnsupportedSchemaVersion,
+)
+from ingest.events import (
+    EVENT_ADAPTER,
+    EVENT_TYPES,
+    FEEDBACK_TYPES,
+    SCHEMA_VERSION,
+    EditPersistedEvent,
+    EditRevertedEvent,
+    Event,
+    EventBase,
+    FollowupEvent,
+    GenerationEvent,
+    RatingEvent,
+    SessionEndedEvent,
+    SessionStartedEvent,
+    SuggestionAcceptedEvent,
+    SuggestionDismissedEvent,
+    SuggestionRejectedEvent,
+    TestsResultEvent,
+    ToolResultEvent,
+    event_to_json,
+    parse_event,
+)
+from ingest.payloads import (
+    EditPayload,
+    FeedbackPayload,
+    FollowupPayload,
+    GenerationPayload,
+    RatingPayload,
+    SessionEndedPayload,
+    SessionStartedPayload,
+    SuggestionPayload,
+    TestsResultPayload,
+    ToolCall,
+    ToolResultPayload,
+    TrajectorySegment,
+)
+
+from ingest.client import Client, SdkSettings
+
+__all__ = [
+    "Client",
+    "SdkSettings",
+    "EVENT_ADAPTER",
+    "EVENT_TYPES",
+    "FEEDBACK_TYPES",
+    "SCHEMA_VERSION",
+    "BrokerUnavailable",
+    "EditPayload",
+    "EditPersistedEvent",
+    "EditRevertedEvent",
+    "Event",
+    "EventBase",
+    "EventTooLarge",
+    "FeedbackPayload",
+    "FollowupEvent",
+    "FollowupPayload",
+    "GenerationEvent",
+    "GenerationPayload",
+    "IngestError",
+    "InvalidEvent",
+    "RatingEvent",
+    "RatingPayload",
+    "SessionEndedEvent",
+    "SessionEndedPayload",
+    "SessionStartedEvent",
+    "SessionStartedPayload",
+    "SuggestionAcceptedEvent",
+    "SuggestionDismissedEvent",
+    "SuggestionPayload",
+    "SuggestionRejectedEvent",
+    "TestsResultEvent",
+    "TestsResultPayload",
+    "ToolCall",
+    "ToolResultEvent",
+    "ToolResultPayload",
+    "TrajectorySegment",
+    "UnsupportedSchemaVersion",
+    "event_to_json",
+    "parse_event",
+]

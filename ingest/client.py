@@ -1,0 +1,227 @@
+"""The embedded SDK: ``Client.emit(event)`` returns at once and the event is never lost.
+
+Back-pressure policy, stated once: ``emit`` never blocks on the network. It validates, drops
+privacy-mode events (counted, never written anywhere), redacts secrets, and appends the event to the
+on-disk journal (one ``write``). A sender thread streams the journal to Kafka with an idempotent
+producer (``acks=all``, batching, compression) whose in-memory buffer and in-flight window are
+bounded; whatever does not fit there waits on disk, in order. While Kafka is unreachable the journal
+grows up to ``journal_max_bytes``; past that ``emit`` raises ``BackPressure`` at once and writes
+nothing (the caller chooses to retry or shed). Undelivered events stay in the journal across
+restarts and are sent, in order, by the next client on the same journal folder.
+
+Usable from threads (``emit`` is thread-safe) and from asyncio code (``emit`` does not block the
+loop; ``await client.aflush()``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
+
+from infra.settings import LiveloopSettings
+from ingest.errors import BrokerUnavailable
+from ingest.events import Event, event_to_json, parse_event
+from ingest.journal import Journal, Position, Record
+from ingest.redaction import redact_event
+
+log = logging.getLogger(__name__)
+
+
+class SdkSettings(LiveloopSettings):
+    """The embedded SDK's settings. Env prefix ``LIVELOOP_SDK_``."""
+
+    model_config = SettingsConfigDict(env_prefix="LIVELOOP_SDK_")
+
+    bootstrap: str = Field(default="127.0.0.1:9092", description="Kafka bootstrap servers, comma-separated.")
+    topic: str = Field(default="liveloop.events", min_length=1)
+    journal_dir: Path = Field(default=Path(".liveloop/sdk-journal"), description="One folder per client.")
+    journal_max_bytes: int = Field(default=1 << 30, ge=1 << 20, description="Past this, emit raises BackPressure.")
+    journal_segment_bytes: int = Field(default=64 << 20, ge=1 << 16)
+    fsync_interval_s: float = Field(default=1.0, gt=0, description="How often the journal is fsync'ed.")
+    compression: str | None = Field(default="gzip", description="Batch compression; gzip needs no extra package.")
+    linger_ms: int = Field(default=5, ge=0, le=1000, description="How long a batch waits to fill.")
+    max_in_flight: int = Field(default=20_000, ge=1, description="Events sent but not yet acknowledged, at most.")
+    client_id: str = "liveloop-sdk"
+
+
+@dataclass
+class ClientStats:
+    """Counters of one client since it started."""
+
+    emitted: int = 0
+    delivered: int = 0
+    privacy_dropped: int = 0
+    redacted: dict[str, int] = field(default_factory=dict)
+    send_failures: int = 0
+
+
+class Client:
+    """Send events to the events topic without blocking and without losing any."""
+
+    def __init__(self, settings: SdkSettings | None = None, **overrides: Any) -> None:
+        self.settings = settings or SdkSettings(**overrides)
+        s = self.settings
+        self.journal = Journal(s.journal_dir, segment_bytes=s.journal_segment_bytes, max_bytes=s.journal_max_bytes)
+        self.stats = ClientStats()
+        self._stats_lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._producer: Any = None
+        self._sender = threading.Thread(target=self._run, name="liveloop-sdk-sender", daemon=True)
+        self._sender.start()
+
+    # -- the product's side ----------------------------------------------------------------------
+
+    def emit(self, event: Event | Mapping[str, Any] | bytes | str) -> bool:
+        """Validate, redact and journal one event; return at once. False if it was dropped for privacy.
+
+        Raises InvalidEvent (the caller's bug: nothing was written) or BackPressure (journal full).
+        """
+        parsed = event if not isinstance(event, Mapping | bytes | str) else parse_event(event)
+        if parsed.privacy_mode:
+            with self._stats_lock:
+                self.stats.privacy_dropped += 1
+            return False
+        clean, counts = redact_event(parsed)
+        self.journal.append(clean.session_id.encode("utf-8"), event_to_json(clean))
+        with self._stats_lock:
+            self.stats.emitted += 1
+            for kind, n in counts.items():
+                self.stats.redacted[kind] = self.stats.redacted.get(kind, 0) + n
+        return True
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every event emitted so far is acknowledged by Kafka; False on timeout."""
+        return self.journal.wait_acknowledged(self.journal.end, timeout)
+
+    async def aflush(self, timeout: float | None = None) -> bool:
+        """``flush`` for asyncio code: waits in a worker thread, never on the event loop."""
+        return await asyncio.to_thread(self.flush, timeout)
+
+    def close(self, timeout: float = 10.0) -> bool:
+        """Deliver what can be delivered within ``timeout``, then stop. Undelivered events stay journaled.
+
+        Returns True if nothing was left undelivered.
+        """
+        delivered = self.flush(timeout)
+        self._stopping.set()
+        self.journal.wake()
+        self._sender.join(timeout=timeout + 5)
+        self.journal.close()
+        return delivered
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # -- the sender thread -----------------------------------------------------------------------
+
+    def _connect(self) -> Any:
+        from kafka import KafkaProducer
+        from kafka.errors import KafkaError
+
+        s = self.settings
+        try:
+            return KafkaProducer(
+                bootstrap_servers=s.bootstrap.split(","),
+                client_id=s.client_id,
+                acks="all",
+                enable_idempotence=True,
+                compression_type=s.compression,
+                linger_ms=s.linger_ms,
+                batch_size=256 * 1024,
+                # Never block the sender for long: a broker that is away is retried from the journal.
+                max_block_ms=2000,
+                reconnect_backoff_max_ms=2000,
+            )
+        except KafkaError as exc:
+            raise BrokerUnavailable(f"Kafka at {s.bootstrap} unreachable: {exc}") from exc
+
+    def _run(self) -> None:
+        position = self.journal.cursor
+        inflight: collections.deque[tuple[Record, Any]] = collections.deque()
+        last_sync = time.monotonic()
+        backoff = 0.1
+        while True:
+            try:
+                if self._producer is None:
+                    self._producer = self._connect()
+                position = self._pump(position, inflight)
+                backoff = 0.1
+            except Exception as exc:  # every failure is retried from the journal; nothing is dropped
+                with self._stats_lock:
+                    self.stats.send_failures += 1
+                log.warning("liveloop SDK: sending failed, retrying from the journal: %s", exc)
+                position = self._rewind(inflight)
+                if self._stopping.wait(backoff):
+                    break
+                backoff = min(backoff * 2, 5.0)
+            now = time.monotonic()
+            if now - last_sync >= self.settings.fsync_interval_s:
+                self.journal.sync()
+                self.journal.persist_cursor()
+                last_sync = now
+            if self._stopping.is_set():
+                break
+        self._drop_producer(timeout=2)
+
+    def _pump(self, position: Position, inflight: collections.deque[tuple[Record, Any]]) -> Position:
+        """Send what the journal holds past ``position`` and collect acknowledgements; return the new position."""
+        topic = self.settings.topic
+        records = self.journal.read(position, max_records=2000)
+        for record in records:
+            while len(inflight) >= self.settings.max_in_flight:
+                self._settle(inflight, block=True)
+            future = self._producer.send(topic, key=record.key, value=record.value)
+            inflight.append((record, future))
+            position = record.end
+        self._settle(inflight, block=False)
+        if not records:
+            if inflight:
+                self._settle(inflight, block=True)
+            elif not self._stopping.is_set():
+                self.journal.wait_appended(position, timeout=0.2)
+        return position
+
+    def _settle(self, inflight: collections.deque[tuple[Record, Any]], block: bool) -> None:
+        """Acknowledge the delivered prefix of ``inflight``; raise on the first failed send."""
+        if block and inflight and not inflight[0][1].is_done:
+            inflight[0][1].get(timeout=30)  # raises the send's error, handled by the caller's rewind
+        delivered = 0
+        last: Record | None = None
+        while inflight and inflight[0][1].is_done:
+            record, future = inflight[0]
+            if future.failed():
+                raise future.exception
+            inflight.popleft()
+            delivered += 1
+            last = record
+        if last is not None:
+            self.journal.acknowledge(last.end, persist=False)
+            with self._stats_lock:
+                self.stats.delivered += delivered
+
+    def _rewind(self, inflight: collections.deque[tuple[Record, Any]]) -> Position:
+        """After a failure, resend from the first unacknowledged record (repeats are dropped by event_id)."""
+        self._drop_producer(timeout=0)
+        inflight.clear()
+        return self.journal.cursor
+
+    def _drop_producer(self, timeout: float) -> None:
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            try:
+                producer.close(timeout=timeout)
+            except Exception:  # closing a broken producer may fail in many ways; it is gone either way
+                log.debug("liveloop SDK: closing the producer failed", exc_info=True)
