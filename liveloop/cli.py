@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -13,6 +15,8 @@ from infra.errors import InfraError
 from infra.stack import ComponentSpec, Stack
 
 app = typer.Typer(help="liveloop: online learning from production traffic.", no_args_is_help=True, add_completion=False)
+schema_app = typer.Typer(help="The event contract.", no_args_is_help=True)
+app.add_typer(schema_app, name="schema")
 console = Console()
 # Errors go to stderr as one unwrapped line, so that they can be read, grepped and copied whole.
 errors = Console(stderr=True, soft_wrap=True)
@@ -70,7 +74,7 @@ def down() -> None:
 
 
 @app.command()
-def status(as_json: bool = typer.Option(False, "--json", help="Print machine-readable JSON.")) -> None:
+def status(as_json: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")] = False) -> None:
     """Each service and component with its address and health. Exits 1 if anything is unhealthy."""
     report = _stack().status(components())
     if as_json:
@@ -87,6 +91,15 @@ def demo() -> None:
     """The main job: for now it starts the stack, shows its status and stops it again."""
     up()
     down()
+
+
+@schema_app.command("export")
+def schema_export(directory: Annotated[Path, typer.Argument(help="Folder to write the JSON Schema files into.")]) -> None:
+    """Write one JSON Schema per event type (and one for any event), generated from the models."""
+    from ingest.schema_export import export_schemas
+
+    for path in export_schemas(directory):
+        typer.echo(str(path))
 
 
 def _print_status(report: dict[str, dict[str, dict[str, object]]]) -> None:

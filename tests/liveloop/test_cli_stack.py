@@ -87,3 +87,14 @@ def test_a_missing_prerequisite_is_one_clear_line(tmp_path: Path) -> None:
     assert len(lines) == 1, lines
     assert "java not found" in lines[0]
     assert "apt-get install openjdk-17-jre-headless" in lines[0]
+
+
+def test_schema_export_writes_one_schema_per_event_type(tmp_path: Path) -> None:
+    from ingest.events import EVENT_TYPES
+
+    result = _run(["schema", "export", str(tmp_path / "schemas")], dict(os.environ), timeout=60)
+    assert result.returncode == 0, result.stderr
+    written = {Path(line).name for line in result.stdout.split()}
+    assert written == {f"{t}.schema.json" for t in EVENT_TYPES} | {"event.schema.json"}
+    generation = json.loads((tmp_path / "schemas" / "generation.schema.json").read_text())
+    assert generation["properties"]["type"]["const"] == "generation"
