@@ -94,7 +94,7 @@ def demo() -> None:
 
 
 @schema_app.command("export")
-def schema_export(directory: Annotated[Path, typer.Argument(help="Folder to write the JSON Schema files into.")]) -> None:
+def schema_export(directory: Annotated[Path, typer.Argument(help="Folder to write the schemas into.")]) -> None:
     """Write one JSON Schema per event type (and one for any event), generated from the models."""
     from ingest.schema_export import export_schemas
 
