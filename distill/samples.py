@@ -1,0 +1,164 @@
+"""The sample contract of the ``liveloop.samples`` topic: one scored generation, ready to train on.
+
+Owned by distill, imported by the learner (and the archiver and the evaluation gate). This module
+imports nothing heavy and no YAML, so consumers stay light.
+
+Decisions a consumer must know:
+
+- ``sample_id`` is deterministic, :func:`sample_id_for` of the generation id and the spec hash: a
+  re-delivered or replayed generation gives the same id, so consumers dedupe on it; scoring under
+  another spec gives another id.
+- A sample has no wall-clock field. ``generated_at`` is the generation event's time; replaying the
+  same events under the same spec gives the same bytes (:func:`sample_to_json`).
+- ``reward = clip(scale * sum(components) + offset)``: ``components`` (keyed by the weight names
+  of :class:`distill.spec.Weights`) sum, with :func:`math.fsum`, to the raw reward before
+  surface normalisation and clipping; see :mod:`distill.reward`.
+- ``loss_mask`` has one 0/1 per completion token: 1 where the policy wrote the token (a ``policy``
+  trajectory segment, or the whole completion of a generation without trajectory), 0 for tool,
+  sub-agent, summary and user text. It is ``None`` exactly when there are no token ids.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from datetime import UTC, datetime
+from typing import Annotated, Literal
+from uuid import UUID
+
+from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from distill.errors import InvalidSample, MisalignedTrajectory
+from ingest.payloads import GenerationPayload, Identifier, Logprob, Name, TokenId
+
+SAMPLE_SCHEMA_VERSION = 1
+"""The sample schema version this code writes and the newest it reads."""
+
+FinalisedBy = Literal["session_end", "window"]
+"""Why a reward became final: the session ended, or the longest signal window passed."""
+
+_HEX_64 = r"^[0-9a-f]{64}$"
+_HEX_32 = r"^[0-9a-f]{32}$"
+
+
+def _utc(value: datetime) -> datetime:
+    return value.astimezone(UTC)
+
+
+UtcDatetime = Annotated[AwareDatetime, AfterValidator(_utc)]
+
+
+def sample_id_for(generation_id: UUID | str, spec_hash: str) -> str:
+    """The sample id: the first 32 hex digits of sha256 of ``"<generation_id>:<spec_hash>"``.
+
+    The generation id is written in its canonical form (lower-case, hyphenated), so ``"0B7E..."`` and
+    ``UUID("0b7e...")`` give the same id.
+    """
+    canonical = UUID(str(generation_id))
+    return hashlib.sha256(f"{canonical}:{spec_hash}".encode()).hexdigest()[:32]
+
+
+class Sample(BaseModel):
+    """One scored generation. Closed, immutable and strict; validated on both ends of the topic."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+    sample_id: str = Field(pattern=_HEX_32, description="sample_id_for(generation_id, spec_hash).")
+    schema_version: int = Field(default=SAMPLE_SCHEMA_VERSION, ge=1)
+    generation_id: UUID
+    policy_version: int = Field(ge=0, description="The checkpoint version that produced the completion.")
+    model: Name
+    tokenizer: Name | None = Field(default=None, description="The served model's tokenizer, where known.")
+    prompt: str
+    completion: str
+    prompt_token_ids: list[TokenId] | None = None
+    completion_token_ids: list[TokenId] | None = None
+    behaviour_logprobs: list[Logprob] | None = Field(
+        default=None, description="The behaviour policy's logprob of each completion token."
+    )
+    loss_mask: list[Literal[0, 1]] | None = Field(default=None, description="1 = train on this completion token.")
+    reward: float
+    components: dict[str, float] = Field(description="Per-signal breakdown; fsum gives the raw reward.")
+    source_event_ids: list[UUID] = Field(min_length=1, description="Generation and counted feedback, sorted.")
+    spec_version: str
+    spec_hash: str = Field(pattern=_HEX_64)
+    session_id: str
+    user_id: str
+    tenant: str
+    surface: Identifier
+    task_kind: Identifier | None = None
+    finalised_by: FinalisedBy
+    deferral: bool
+    invalid_tool_calls: int = Field(ge=0)
+    generated_at: UtcDatetime = Field(description="The generation event's time, UTC.")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Sample:
+        if self.schema_version > SAMPLE_SCHEMA_VERSION:
+            raise ValueError(
+                f"schema_version {self.schema_version} is newer than this code reads ({SAMPLE_SCHEMA_VERSION}); "
+                "upgrade liveloop"
+            )
+        expected = sample_id_for(self.generation_id, self.spec_hash)
+        if self.sample_id != expected:
+            raise ValueError(f"sample_id {self.sample_id} is not sample_id_for(generation_id, spec_hash) = {expected}")
+        tokens = self.completion_token_ids
+        for name, values in (("loss_mask", self.loss_mask), ("behaviour_logprobs", self.behaviour_logprobs)):
+            if tokens is None and values is not None:
+                raise ValueError(f"{name} is given but completion_token_ids is not")
+            if tokens is not None and values is not None and len(values) != len(tokens):
+                raise ValueError(f"{name} has {len(values)} entries for {len(tokens)} completion tokens")
+        if tokens is not None and self.loss_mask is None:
+            raise ValueError("loss_mask is required when completion_token_ids are given")
+        ids = [str(event_id) for event_id in self.source_event_ids]
+        if ids != sorted(set(ids)):
+            raise ValueError("source_event_ids must be unique and sorted by their string form")
+        if list(self.components) != sorted(self.components):
+            raise ValueError("components must be sorted by name, so that the JSON is canonical")
+        return self
+
+
+def sample_to_json(sample: Sample) -> bytes:
+    """Compact UTF-8 JSON in field order; equal samples give equal bytes."""
+    return sample.model_dump_json().encode("utf-8")
+
+
+def parse_sample(data: bytes | bytearray | str) -> Sample:
+    """Validate a sample from its JSON. Raises :class:`InvalidSample` with every problem, one line each."""
+    try:
+        return Sample.model_validate_json(data)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(part) for part in error['loc']) or '(sample)'}: {error['msg']}" for error in exc.errors()
+        )
+        raise InvalidSample(f"not a valid sample: {problems}") from exc
+
+
+def loss_mask_for(generation: GenerationPayload) -> list[Literal[0, 1]] | None:
+    """The loss mask over the generation's completion tokens, derived from its trajectory.
+
+    Without token ids there is nothing to mask (``None``); without a trajectory the whole completion
+    is the policy's (all ones). With one, the segments' token ids, concatenated in order, must equal
+    ``completion_token_ids``, and tokens of ``policy`` segments get 1, all others 0. Otherwise
+    :class:`MisalignedTrajectory` is raised, because guessing could train the policy on a tool's output.
+    """
+    tokens = generation.completion_token_ids
+    if tokens is None:
+        return None
+    if generation.trajectory is None:
+        return [1] * len(tokens)
+    mask: list[Literal[0, 1]] = []
+    joined: list[int] = []
+    for index, segment in enumerate(generation.trajectory):
+        if segment.token_ids is None:
+            raise MisalignedTrajectory(
+                f"generation {generation.generation_id}: trajectory segment {index} ({segment.role}) has no "
+                "token_ids, so its place in completion_token_ids is unknown; send token_ids for every segment"
+            )
+        joined += segment.token_ids
+        mask += [1 if segment.role == "policy" else 0] * len(segment.token_ids)
+    if joined != tokens:
+        raise MisalignedTrajectory(
+            f"generation {generation.generation_id}: the trajectory's {len(joined)} segment token ids do not "
+            f"equal its {len(tokens)} completion_token_ids; send segments whose token ids concatenate to them"
+        )
+    return mask

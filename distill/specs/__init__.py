@@ -1,0 +1,1 @@
+"""Packaged reward spec files, read with :mod:`importlib.resources` (see :func:`distill.spec.load_spec`)."""
