@@ -1,0 +1,47 @@
+"""The distiller's Prometheus metrics, on a registry of their own; each guard has its own counter."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
+
+from distill.guards import (
+    DEFERRALS_COUNTER,
+    DUPLICATE_EVENTS_COUNTER,
+    INVALID_TOOL_CALLS_COUNTER,
+    SESSION_CAP_COUNTER,
+    USER_CAP_COUNTER,
+)
+from distill.reward import LATE_FEEDBACK_COUNTER
+
+REGISTRY = CollectorRegistry()
+_BY_VERSION = ("policy_version",)
+
+
+def _counter(name: str, doc: str, labels: tuple[str, ...] = ()) -> Counter:
+    # prometheus-client appends "_total" to counters itself.
+    return Counter(name.removesuffix("_total"), doc, labels, registry=REGISTRY)
+
+
+METRICS = SimpleNamespace(
+    events=_counter("liveloop_distill_events_total", "Events applied to session state."),
+    dead_letters=_counter("liveloop_distill_dead_letters_total", "Events sent to the dead-letter topic."),
+    duplicates=_counter(DUPLICATE_EVENTS_COUNTER, "Duplicate events dropped."),
+    privacy_dropped=_counter("liveloop_distill_privacy_dropped_total", "Privacy-mode events dropped."),
+    late_feedback=_counter(LATE_FEEDBACK_COUNTER, "Feedback that came after its generation was final."),
+    samples_scored=_counter("liveloop_distill_samples_scored_total", "Generations scored."),
+    samples_published=_counter("liveloop_distill_samples_published_total", "Samples published."),
+    session_capped=_counter(SESSION_CAP_COUNTER, "Samples dropped by the per-session cap."),
+    user_capped=_counter(USER_CAP_COUNTER, "Samples dropped by the per-user cap."),
+    deferrals=_counter(DEFERRALS_COUNTER, "Deferrals, by policy version.", _BY_VERSION),
+    invalid_tool_calls=_counter(
+        INVALID_TOOL_CALLS_COUNTER, "Invalid tool calls penalised, by policy version.", _BY_VERSION
+    ),
+    generations=_counter("liveloop_distill_generations_total", "Generations scored, by policy version.", _BY_VERSION),
+)
+
+
+def render() -> tuple[bytes, str]:
+    """The metrics in Prometheus text format, with its content type."""
+    return generate_latest(REGISTRY), CONTENT_TYPE_LATEST

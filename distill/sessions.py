@@ -1,0 +1,187 @@
+"""The distiller's per-session state machine, pure: no Faust, no Kafka, no clock of its own.
+
+The streaming app keeps one ``SessionState`` per session in a changelog-backed table and feeds it
+each event of the session (``apply_event``) and, periodically, the wall-clock time (``apply_tick``);
+what comes out is the samples to publish and the feedback that arrived too late. Keeping this pure
+lets tests drive it directly and lets replay reason about exactly the same rules.
+
+Rules:
+- A generation waits for its feedback until its session ends or its longest signal window passes
+  (``distill.reward.final_at``), whichever comes first; then it is scored and becomes final.
+- ``finalised_by`` is "session_end" when the session's end (by event time) came before the window
+  closed, else "window": it depends on event times only, not on when a tick happened to run.
+- Feedback for a final generation, or outside its signal's window, is late: recorded, never applied.
+- Feedback that arrives before its generation (another producer, another path) waits as an orphan.
+- An event seen before (same tenant and event id) changes nothing; a privacy-mode event marks the
+  whole session private, and a private session keeps nothing and yields nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+
+from distill.guards import admit_session, dedupe_key
+from distill.reward import final_at, is_late, score
+from distill.samples import FinalisedBy, Sample
+from distill.spec import RewardSpec
+from ingest.events import Event, GenerationEvent, SessionEndedEvent, SessionStartedEvent, event_to_json, parse_event
+
+MAX_ORPHANS = 1000
+"""Most feedback events a session holds for generations it has not seen yet."""
+
+
+class PendingGeneration(BaseModel):
+    """A generation waiting for its reward to become final, with the feedback counted so far."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    generation: str = Field(description="The generation event, as JSON.")
+    feedback: list[str] = Field(default_factory=list, description="Its feedback events, as JSON.")
+    final_at: AwareDatetime
+
+
+class SessionState(BaseModel):
+    """Everything the distiller remembers of one session (the value of its table)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    private: bool = False
+    ended: str | None = Field(default=None, description="The session.ended event, as JSON.")
+    pending: dict[str, PendingGeneration] = Field(default_factory=dict, description="By generation id.")
+    orphans: list[str] = Field(default_factory=list, description="Feedback before its generation, as JSON.")
+    finalised: dict[str, str] = Field(default_factory=dict, description="Generation id -> sample id.")
+    seen: list[str] = Field(default_factory=list, description="Dedupe keys of the events applied.")
+    admitted: int = Field(default=0, description="Samples admitted under the per-session cap.")
+    touched_at: float = Field(default=0.0, description="Wall-clock time of the last event (for expiry).")
+
+    def dump(self) -> dict[str, Any]:
+        """The state as a JSON document (the table's value)."""
+        return self.model_dump(mode="json")
+
+    @classmethod
+    def load(cls, data: dict[str, Any] | None) -> SessionState:
+        """The state from its JSON document; a session never seen starts empty."""
+        return cls() if not data else cls.model_validate(data)
+
+
+@dataclass
+class Outcome:
+    """What one step of the state machine produced."""
+
+    samples: list[Sample] = field(default_factory=list)
+    capped: list[Sample] = field(default_factory=list)
+    late: list[Event] = field(default_factory=list)
+    duplicate: bool = False
+    private: bool = False
+
+
+def finalised_by(generation: GenerationEvent, ended: SessionEndedEvent | None, spec: RewardSpec) -> FinalisedBy:
+    """How a generation's reward became final, from event times alone (see the module docstring)."""
+    if ended is not None and ended.ts <= final_at(generation, spec):
+        return "session_end"
+    return "window"
+
+
+def apply_event(state: SessionState, event: Event, spec: RewardSpec, now: float) -> Outcome:
+    """Apply one event of the session to ``state`` (in place); return what it produced."""
+    outcome = Outcome()
+    if state.private or event.privacy_mode:
+        # Forget everything: not even the ids of a private session's events are kept.
+        state.private, state.pending, state.orphans, state.seen = True, {}, [], []
+        outcome.private = True
+        return outcome
+    key = dedupe_key(event)
+    seen = set(state.seen)
+    if key in seen:
+        outcome.duplicate = True
+        return outcome
+    state.seen.append(key)
+    state.touched_at = now
+    if isinstance(event, SessionStartedEvent):
+        return outcome
+    if isinstance(event, SessionEndedEvent):
+        state.ended = event_to_json(event).decode()
+        for generation_id in list(state.pending):
+            _finalise(state, generation_id, spec, outcome)
+        return outcome
+    if isinstance(event, GenerationEvent):
+        _add_generation(state, event, spec, outcome)
+        return outcome
+    generation_id = str(_generation_id(event))
+    if generation_id in state.finalised:
+        outcome.late.append(event)
+    elif generation_id in state.pending:
+        pending = state.pending[generation_id]
+        generation = _generation(pending)
+        if is_late(generation, event, spec):
+            outcome.late.append(event)
+        else:
+            pending.feedback.append(event_to_json(event).decode())
+    elif len(state.orphans) < MAX_ORPHANS:
+        state.orphans.append(event_to_json(event).decode())
+    return outcome
+
+
+def apply_tick(state: SessionState, now: datetime, spec: RewardSpec) -> Outcome:
+    """Finalise every generation whose window has closed by ``now``."""
+    outcome = Outcome()
+    for generation_id, pending in list(state.pending.items()):
+        if pending.final_at <= now:
+            _finalise(state, generation_id, spec, outcome)
+    return outcome
+
+
+def expired(state: SessionState, now: float, spec: RewardSpec) -> bool:
+    """Whether the session's state can be dropped: nothing pending and quiet for a whole longest window.
+
+    Until then, feedback for its final generations is still recognised (and recorded) as late.
+    """
+    return not state.pending and now - state.touched_at > spec.windows_s.longest
+
+
+def _add_generation(state: SessionState, event: GenerationEvent, spec: RewardSpec, outcome: Outcome) -> None:
+    generation_id = str(event.payload.generation_id)
+    if generation_id in state.pending or generation_id in state.finalised:
+        outcome.duplicate = True  # the same generation under another event id: keep the first
+        return
+    matching: list[str] = []
+    others: list[str] = []
+    for raw in state.orphans:
+        (matching if str(_generation_id(parse_event(raw))) == generation_id else others).append(raw)
+    state.orphans = others
+    pending = PendingGeneration(generation=event_to_json(event).decode(), final_at=final_at(event, spec))
+    for raw in matching:
+        feedback = parse_event(raw)
+        if is_late(event, feedback, spec):
+            outcome.late.append(feedback)
+        else:
+            pending.feedback.append(raw)
+    state.pending[generation_id] = pending
+    if state.ended is not None:
+        _finalise(state, generation_id, spec, outcome)
+
+
+def _finalise(state: SessionState, generation_id: str, spec: RewardSpec, outcome: Outcome) -> None:
+    pending = state.pending.pop(generation_id)
+    generation = _generation(pending)
+    ended = parse_event(state.ended) if state.ended else None
+    assert ended is None or isinstance(ended, SessionEndedEvent)
+    feedback = [parse_event(raw) for raw in pending.feedback]
+    sample = score(generation, feedback, spec, finalised_by(generation, ended, spec))
+    state.finalised[generation_id] = sample.sample_id
+    admitted, state.admitted = admit_session(state.admitted, spec.guards)
+    (outcome.samples if admitted else outcome.capped).append(sample)
+
+
+def _generation(pending: PendingGeneration) -> GenerationEvent:
+    event = parse_event(pending.generation)
+    assert isinstance(event, GenerationEvent)
+    return event
+
+
+def _generation_id(event: Any) -> Any:
+    return event.payload.generation_id

@@ -1,0 +1,34 @@
+"""The distiller's settings. Env prefix ``LIVELOOP_DISTILL_``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr
+from pydantic_settings import SettingsConfigDict
+
+from infra.settings import LiveloopSettings
+
+
+class DistillSettings(LiveloopSettings):
+    """Where the distiller reads, writes and keeps its state."""
+
+    model_config = SettingsConfigDict(env_prefix="LIVELOOP_DISTILL_")
+
+    bootstrap: str = Field(default="127.0.0.1:9092", description="Kafka bootstrap servers.")
+    dsn: SecretStr = Field(description="PostgreSQL DSN of the audit store (samples, lineage, late feedback).")
+    events_topic: str = "liveloop.events"
+    samples_topic: str = "liveloop.samples"
+    dlq_topic: str = "liveloop.events.dlq"
+    app_id: str = Field(default="liveloop-distill", description="Faust app id: consumer group and table names.")
+    partitions: int = Field(default=6, ge=1, description="Must equal the events topic's partition count.")
+    store: Literal["rocksdb", "memory"] = Field(
+        default="rocksdb", description="Table store; 'memory' rebuilds tables from their changelogs at start."
+    )
+    data_dir: Path = Field(default=Path(".liveloop/distill"), description="Faust's local state (RocksDB).")
+    web_port: int = Field(default=6066, ge=1, le=65535, description="/healthz and /metrics.")
+    web_host: str = "127.0.0.1"
+    tick_interval_s: float = Field(default=1.0, gt=0, le=60, description="How often closed windows are finalised.")
+    spec_path: Path | None = Field(default=None, description="Reward spec YAML; the packaged default if unset.")
+    tokenizer: str | None = Field(default=None, description="The served model's tokenizer, named in each sample.")
