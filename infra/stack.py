@@ -9,6 +9,7 @@ this floor unaware of what runs above it.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -18,8 +19,9 @@ from typing import Any
 from pydantic import BaseModel, SecretStr
 
 from infra.credentials import DevCredentials, ensure_credentials
-from infra.errors import ServiceStartError
+from infra.errors import ServiceStartError, ServiceUnavailable
 from infra.kafka_broker import KafkaBroker, kafka_answers
+from infra.lag import consumer_lag
 from infra.migrations import migrate
 from infra.mlflow_server import MlflowServer, mlflow_answers
 from infra.postgres import LocalPostgres, find_pg_bin, postgres_answers
@@ -52,6 +54,8 @@ class ComponentSpec:
     argv: Sequence[str]
     health_url: str | None = None
     env: Mapping[str, str] = field(default_factory=dict)
+    lag_group: str | None = None
+    lag_topics: Sequence[str] = ()
 
 
 class Stack:
@@ -103,7 +107,8 @@ class Stack:
             ensure_topics(self.endpoints.kafka_bootstrap, self.topics.all())
             mlflow_ok.result()
         for spec in components:
-            self.component(spec.name).start(spec.argv, env=spec.env)
+            # The component inherits this environment (PATH, ...) with its own settings on top.
+            self.component(spec.name).start(spec.argv, env={**os.environ, **spec.env})
         for spec in components:
             if spec.health_url is not None:
                 url = spec.health_url
@@ -167,7 +172,13 @@ class Stack:
         for spec in components:
             pid = self.component(spec.name).pid()
             healthy = pid is not None and (spec.health_url is None or http_ok(spec.health_url))
-            result["components"][spec.name] = {"healthy": healthy, "url": spec.health_url, "pid": pid}
+            entry: dict[str, Any] = {"healthy": healthy, "url": spec.health_url, "pid": pid}
+            if spec.lag_group is not None:
+                try:
+                    entry["lag"] = consumer_lag(e.kafka_bootstrap, spec.lag_group, spec.lag_topics)
+                except ServiceUnavailable:
+                    entry["lag"] = None
+            result["components"][spec.name] = entry
         return result
 
 

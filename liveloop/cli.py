@@ -12,7 +12,8 @@ from rich.console import Console
 from rich.table import Table
 
 from infra.errors import InfraError
-from infra.stack import ComponentSpec, Stack
+from infra.stack import Stack
+from liveloop.components import loop_components
 
 app = typer.Typer(help="liveloop: online learning from production traffic.", no_args_is_help=True, add_completion=False)
 schema_app = typer.Typer(help="The event contract.", no_args_is_help=True)
@@ -25,11 +26,6 @@ errors = Console(stderr=True, soft_wrap=True)
 def _fail(exc: Exception, code: int) -> typer.Exit:
     errors.print(f"[red]error:[/red] {exc}", highlight=False)
     return typer.Exit(code)
-
-
-def components() -> list[ComponentSpec]:
-    """The loop's own processes that ``up`` starts beside the services (the stages add theirs here)."""
-    return []
 
 
 def _stack() -> Stack:
@@ -57,26 +53,28 @@ def up() -> None:
     stack = _stack()
     started = time.monotonic()
     try:
-        with console.status("starting Kafka, PostgreSQL and MLflow ..."):
-            timings = stack.up(components())
+        with console.status("starting Kafka, PostgreSQL, MLflow and the loop's components ..."):
+            timings = stack.up(loop_components(stack))
     except InfraError as exc:
         raise _fail(exc, 1) from exc
     parts = ", ".join(f"{name} {seconds:.1f}s" for name, seconds in timings.items())
     console.print(f"[green]up[/green] in {time.monotonic() - started:.1f}s ({parts})")
-    _print_status(stack.status(components()))
+    _print_status(stack.status(loop_components(stack)))
 
 
 @app.command()
 def down() -> None:
     """Stop everything ``up`` started; leaves no process behind. Data is kept for the next ``up``."""
-    stopped = _stack().down([c.name for c in components()])
+    stack = _stack()
+    stopped = stack.down([c.name for c in loop_components(stack)])
     console.print("stopped: " + (", ".join(stopped) if stopped else "nothing was running"))
 
 
 @app.command()
 def status(as_json: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")] = False) -> None:
     """Each service and component with its address and health. Exits 1 if anything is unhealthy."""
-    report = _stack().status(components())
+    stack = _stack()
+    report = stack.status(loop_components(stack))
     if as_json:
         typer.echo(json.dumps(report, indent=2, sort_keys=True))
     else:

@@ -37,6 +37,9 @@ def test_up_status_down_leave_nothing_running(tmp_path: Path) -> None:
     ports = {name: free_port() for name in ("KAFKA_PORT", "KAFKA_CONTROLLER_PORT", "POSTGRES_PORT", "MLFLOW_PORT")}
     env = dict(os.environ, LIVELOOP_INFRA_STATE_DIR=str(state))
     env.update({f"LIVELOOP_INFRA_{name}": str(port) for name, port in ports.items()})
+    # The components listen too: keep them off the ports of a stack the developer may be running.
+    env.update(LIVELOOP_INGEST_PORT=str(free_port()), LIVELOOP_DISTILL_WEB_PORT=str(free_port()))
+    pids: list[int] = []
     try:
         up = _run(["up"], env)
         assert up.returncode == 0, up.stdout + up.stderr
@@ -52,7 +55,11 @@ def test_up_status_down_leave_nothing_running(tmp_path: Path) -> None:
         assert dsn.startswith("postgresql://liveloop:***@127.0.0.1:")
         assert report["services"]["mlflow"]["url"] == f"http://127.0.0.1:{ports['MLFLOW_PORT']}"
         assert report["services"]["mlflow"]["healthy"] is True
-        assert isinstance(report["components"], dict)
+        components = report["components"]
+        assert set(components) == {"ingest-api", "archiver", "distiller"}
+        assert all(c["healthy"] for c in components.values()), components
+        assert components["archiver"]["lag"] == 0
+        pids = [c["pid"] for c in components.values()]
         # The password never reaches the status output.
         password = json.loads((state / "credentials.json").read_text())["postgres_password"]
         assert password not in status.stdout
@@ -69,6 +76,7 @@ def test_up_status_down_leave_nothing_running(tmp_path: Path) -> None:
     assert "postgres" in down.stdout
     assert "mlflow" in down.stdout
     assert _processes_using(state) == []
+    assert not [pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
     status = _run(["status", "--json"], env)
     assert status.returncode == 1
     assert not any(service["healthy"] for service in json.loads(status.stdout)["services"].values())
