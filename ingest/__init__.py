@@ -9,6 +9,7 @@ in pydantic and nothing heavy (no torch, Faust, MLflow or web framework).
         client.emit(event)
 """
 
+from ingest.client import Client, SdkSettings
 from ingest.errors import (
     BrokerUnavailable,
     EventTooLarge,
@@ -53,16 +54,13 @@ from ingest.payloads import (
     TrajectorySegment,
 )
 
-from ingest.client import Client, SdkSettings
-
 __all__ = [
-    "Client",
-    "SdkSettings",
     "EVENT_ADAPTER",
     "EVENT_TYPES",
     "FEEDBACK_TYPES",
     "SCHEMA_VERSION",
     "BrokerUnavailable",
+    "Client",
     "EditPayload",
     "EditPersistedEvent",
     "EditRevertedEvent",
@@ -78,6 +76,7 @@ __all__ = [
     "InvalidEvent",
     "RatingEvent",
     "RatingPayload",
+    "SdkSettings",
     "SessionEndedEvent",
     "SessionEndedPayload",
     "SessionStartedEvent",

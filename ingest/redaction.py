@@ -25,8 +25,11 @@ only costs a little training signal. So:
   base64-encoded keys. Single-case random strings (base32, lower-case hex) are not caught by this
   rule; only their labelled or prefixed forms are.
 
-Measured on about 20,000 Python files of installed packages, this rule fires in 0.15% of files,
-on embedded font/image data, Google Docs ids in URLs and fake tokens in test fixtures.
+Measured on 19,977 Python files of installed packages (293 MB of real code): 70 files (0.35%) had
+anything redacted. ``high_entropy`` fired in 0.14% of files (embedded font/image data, Google Docs ids
+in URLs, fixture hashes), ``url_password`` in 0.15% (documentation examples such as
+``postgresql://scott:tiger@localhost``), ``password``/``secret`` in 0.08% (example credentials in
+docstrings and tests), and one real CI token.
 """
 
 from __future__ import annotations
@@ -45,13 +48,13 @@ from ingest.payloads import REDACTED_MARK
 from ingest.secret_rules import (
     ASCII_LOWER,
     ASSIGNED_VALUE,
-    HIGH_ENTROPY,
     KEY_QUALIFIER,
     KEY_START,
     KEY_WORDS,
     SHAPE_RULES,
     Rule,
     assignment_kind,
+    random_token_spans,
     secret_value,
 )
 
@@ -75,19 +78,18 @@ def redact_text(text: str) -> tuple[str, dict[str, int]]:
         if redacted != text:
             text, lowered = redacted, redacted.lower()
     text = _redact_assignments(text, lowered, counts)
-    text = HIGH_ENTROPY.pattern.sub(partial(_replace, HIGH_ENTROPY, counts=counts), text)
+    text = _splice(text, [(start, end, "high_entropy") for start, end in random_token_spans(text)], counts)
     return text, dict(counts)
 
 
 def _replace(rule: Rule, match: re.Match[str], counts: Counter[str]) -> str:
     if rule.accept is not None and not rule.accept(match):
         return match.group()
-    kind = rule.kind if rule.kind_of is None else rule.kind_of(match)
-    counts[kind] += 1
+    counts[rule.kind] += 1
     start, end = next(match.span(group) for group in rule.groups if match.group(group) is not None)
     offset = match.start()
     whole = match.group()
-    return whole[: start - offset] + placeholder(kind) + whole[end - offset :]
+    return whole[: start - offset] + placeholder(rule.kind) + whole[end - offset :]
 
 
 def _redact_assignments(text: str, lowered: str, counts: Counter[str]) -> str:
@@ -106,6 +108,10 @@ def _redact_assignments(text: str, lowered: str, counts: Counter[str]) -> str:
                     span = value.span("quoted") if value.group("quoted") is not None else value.span("bare")
                     spans.append((*span, assignment_kind(key.lower(), word)))
             start = lowered.find(word, end)
+    return _splice(text, spans, counts)
+
+
+def _splice(text: str, spans: list[tuple[int, int, str]], counts: Counter[str]) -> str:
     if not spans:
         return text
     pieces: list[str] = []
