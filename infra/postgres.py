@@ -70,9 +70,11 @@ class LocalPostgres:
         preferred = (self.settings.state_dir / "postgres").resolve()
         if not self.as_root or self._reachable_by_os_user(preferred.parent):
             return preferred
-        # E.g. a checkout under /root (mode 0700): keep the cluster where its owner can reach it,
-        # named after the state folder so that two checkouts never share one.
-        digest = hashlib.sha256(str(preferred).encode()).hexdigest()[:12]
+        # E.g. a checkout under /root (mode 0700): keep the cluster where its owner can reach it, named
+        # after the state folder and its credentials, so that neither two checkouts nor a state folder
+        # made anew (new password) ever meet an old cluster. `liveloop down --purge` removes it.
+        identity = f"{preferred}\0{self.credentials.postgres_password.get_secret_value()}"
+        digest = hashlib.sha256(identity.encode()).hexdigest()[:16]
         return Path("/var/tmp") / f"liveloop-postgres-{digest}"  # noqa: S108 (owned by the server user, 0700)
 
     def _reachable_by_os_user(self, directory: Path) -> bool:
@@ -187,6 +189,10 @@ class LocalPostgres:
         pg_bin = find_pg_bin(self.settings.postgres_bin_dir)
         self._run([str(pg_bin / "pg_ctl"), "-D", str(self.data_dir), "-m", "fast", "-w", "-t", "60", "stop"])
         return True
+
+    def remove(self) -> None:
+        """Delete the cluster's files (stop it first)."""
+        shutil.rmtree(self.root_dir, ignore_errors=True)
 
     def ensure_databases(self) -> None:
         import psycopg

@@ -10,6 +10,7 @@ this floor unaware of what runs above it.
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -135,6 +136,14 @@ class Stack:
             stopped.append("kafka")
         if self.settings.postgres_dsn is None and self.postgres.stop():
             stopped.append("postgres")
+        return stopped
+
+    def purge(self, components: Sequence[str] = ()) -> list[str]:
+        """Stop everything, then delete all local state: data, logs, credentials and the cluster."""
+        stopped = self.down(components)
+        if self.settings.postgres_dsn is None:
+            self.postgres.remove()
+        shutil.rmtree(self.settings.state_dir, ignore_errors=True)
         return stopped
 
     def component(self, name: str) -> ManagedProcess:

@@ -63,11 +63,16 @@ def up() -> None:
 
 
 @app.command()
-def down() -> None:
+def down(
+    purge: Annotated[bool, typer.Option("--purge", help="Also delete all local state (data, logs, keys).")] = False,
+) -> None:
     """Stop everything ``up`` started; leaves no process behind. Data is kept for the next ``up``."""
     stack = _stack()
-    stopped = stack.down([c.name for c in loop_components(stack)])
+    names = [c.name for c in loop_components(stack)]
+    stopped = stack.purge(names) if purge else stack.down(names)
     console.print("stopped: " + (", ".join(stopped) if stopped else "nothing was running"))
+    if purge:
+        console.print(f"deleted {stack.settings.state_dir} and the PostgreSQL cluster")
 
 
 @app.command()

@@ -41,13 +41,13 @@ def stack_settings(state_dir: Path) -> StackSettings:
 
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    """The session's running stack; stopped (leaving no process) when the session ends."""
+    """The session's running stack; stopped and deleted (leaving no process, no files) when the session ends."""
     local = Stack(stack_settings(tmp_path_factory.mktemp("stack")))
     try:
         local.up()
         yield local
     finally:
-        local.down()
+        local.purge()  # the cluster may live outside the temporary folder (see infra.postgres)
 
 
 @pytest.fixture(scope="session")

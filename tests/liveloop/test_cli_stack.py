@@ -70,13 +70,14 @@ def test_up_status_down_leave_nothing_running(tmp_path: Path) -> None:
         assert again.returncode == 0, again.stdout + again.stderr
         assert sorted(p.split(":")[0] for p in _processes_using(state)) == before
     finally:
-        down = _run(["down"], env)
+        down = _run(["down", "--purge"], env)
     assert down.returncode == 0, down.stdout + down.stderr
     assert "kafka" in down.stdout
     assert "postgres" in down.stdout
     assert "mlflow" in down.stdout
     assert _processes_using(state) == []
     assert not [pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
+    assert not state.exists()
     status = _run(["status", "--json"], env)
     assert status.returncode == 1
     assert not any(service["healthy"] for service in json.loads(status.stdout)["services"].values())
