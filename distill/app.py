@@ -27,6 +27,7 @@ from typing import Any
 import faust
 from kafka.partitioner.default import murmur2
 
+from distill.deadlines import DeadlineIndex
 from distill.guards import UserWindow, admit_user
 from distill.metrics import METRICS, render
 from distill.samples import parse_sample, sample_to_json
@@ -52,6 +53,7 @@ def build_app(settings: DistillSettings, spec: RewardSpec | None = None) -> faus
     """The distiller's Faust app, wired to ``settings``."""
     spec = spec or load_spec(settings.spec_path)
     sink = AuditSink(settings.dsn.get_secret_value())
+    deadlines = DeadlineIndex(spec)
     app = faust.App(
         settings.app_id,
         broker=f"kafka://{settings.bootstrap}",
@@ -92,7 +94,7 @@ def build_app(settings: DistillSettings, spec: RewardSpec | None = None) -> faus
             METRICS.invalid_tool_calls.labels(str(sample.policy_version)).inc(sample.invalid_tool_calls)
             METRICS.generations.labels(str(sample.policy_version)).inc()
 
-    async def on_event(key: bytes | None, value: bytes) -> None:
+    async def on_event(key: bytes | None, value: bytes, partition: int) -> None:
         try:
             event = parse_event(value)
         except InvalidEvent as exc:
@@ -108,21 +110,32 @@ def build_app(settings: DistillSettings, spec: RewardSpec | None = None) -> faus
         METRICS.privacy_dropped.inc(int(outcome.private))
         await publish(outcome, state)
         sessions[session] = state.dump()
+        deadlines.update(session, partition, state)
 
     async def on_tick(partition: int) -> None:
+        if not deadlines.built:
+            # After a start or a rebalance: one scan of the (recovered) table rebuilds the index.
+            for key, value in list(sessions.items()):
+                deadlines.update(key, partition_of(key.encode(), settings.partitions), SessionState.load(value))
+            deadlines.built = True
         now = datetime.now(UTC)
         wall = time.time()
-        for key, value in list(sessions.items()):
-            if partition_of(key.encode(), settings.partitions) != partition:
-                continue  # another partition's session: its own tick finalises it
-            state = SessionState.load(value)
+        for key in deadlines.due(partition, wall):
+            state = SessionState.load(sessions.get(key))
             outcome = apply_tick(state, now, spec)
             if outcome.samples or outcome.capped:
                 await publish(outcome, state)
             if expired(state, wall, spec):
                 del sessions[key]
-            elif outcome.samples or outcome.capped:
-                sessions[key] = state.dump()
+                deadlines.forget(key, partition)
+            else:
+                if outcome.samples or outcome.capped:
+                    sessions[key] = state.dump()
+                deadlines.update(key, partition, state)
+
+    @app.on_partitions_revoked.connect  # type: ignore[arg-type]
+    async def on_revoked(app: Any, revoked: Any, **kwargs: Any) -> None:
+        deadlines.reset()
 
     @app.agent(source)
     async def sessionize(stream: Any) -> None:
@@ -130,7 +143,7 @@ def build_app(settings: DistillSettings, spec: RewardSpec | None = None) -> faus
             if event.message.topic == ticks_name:
                 await on_tick(event.message.partition)
             else:
-                await on_event(event.key, event.value)
+                await on_event(event.key, event.value, event.message.partition)
 
     @app.timer(interval=settings.tick_interval_s, on_leader=True)  # type: ignore[untyped-decorator]
     async def tick() -> None:

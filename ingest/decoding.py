@@ -7,7 +7,6 @@ input comes straight from the network, and a crash in the ingest path would stal
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -16,8 +15,8 @@ from pydantic_core import ErrorDetails
 
 from ingest.errors import EventTooLarge, InvalidEvent
 
-# One pass finds brackets outside strings; strings are matched whole so brackets inside them do not count.
-_STRING_OR_BRACKET = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]', re.DOTALL)
+_NOT_BRACKETS = bytes(byte for byte in range(256) if byte not in b"[]{}")
+_OPENERS = frozenset(b"[{")
 _SIZE_ERRORS = frozenset({"string_too_long", "too_long", "event_too_large"})
 _MESSAGES = {
     "extra_forbidden": "unknown field; this version of the event contract does not define it",
@@ -88,14 +87,17 @@ def json_type(value: object) -> str:
 
 
 def _text_nested_deeper_than(text: str, max_depth: int) -> bool:
+    # Linear and without recursion: drop escaped backslashes and quotes, so that splitting on '"'
+    # separates strings (odd pieces) from structure (even pieces), then follow only the brackets.
+    plain = text.replace("\\\\", "").replace('\\"', "")
+    structure = "".join(plain.split('"')[::2]).encode("ascii", "ignore").translate(None, _NOT_BRACKETS)
     depth = 0
-    for match in _STRING_OR_BRACKET.finditer(text):
-        first = match.group()[0]
-        if first in "[{":
+    for bracket in structure:
+        if bracket in _OPENERS:
             depth += 1
             if depth > max_depth:
                 return True
-        elif first in "]}":
+        else:
             depth -= 1
     return False
 

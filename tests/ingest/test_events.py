@@ -557,3 +557,16 @@ def test_valid_events_round_trip_exactly(data: dict[str, Any]) -> None:
     assert again == event
     assert event_to_json(again) == raw
     assert parse_event(data) == event
+
+
+@PROPERTY_SETTINGS
+@given(st.integers(min_value=1, max_value=2 * MAX_JSON_DEPTH), st.text(alphabet='[]{}"\\ab', max_size=12))
+def test_nesting_limit_is_exact_whatever_the_strings_hold(depth: int, leaf: str) -> None:
+    value: object = {"k[": leaf}
+    for level in range(depth - 1):
+        value = [leaf, value] if level % 2 else {leaf + "{": value}
+    raw = json.dumps(value)
+    if depth > MAX_JSON_DEPTH:
+        assert f"nested deeper than {MAX_JSON_DEPTH} levels" in reason_of(raw).reason
+    else:
+        assert "nested" not in reason_of(raw).reason  # shallow enough: rejected for other reasons
