@@ -11,14 +11,15 @@ Three agents, each a stream of its own:
    across every session of the user), then publishes admitted samples to the samples topic.
 3. ``archive`` reads the samples topic and stores samples with their lineage in PostgreSQL.
 
-Delivery is at least once. Every step that changes state first publishes its output and waits for
-Kafka's acknowledgement, then updates its table: a crash in between re-derives the same output
-(same deterministic ``sample_id``) instead of losing it, and every consumer dedupes on that id.
+Delivery is at least once, without waiting for each acknowledgement: Faust flushes the producer
+before it commits any offset, so a crash re-reads whatever was not committed. What a re-read cannot
+re-derive (a session already marked final in a local RocksDB table) is covered by the session's
+outbox, published again on the first tick after a start. Repeats carry the same deterministic
+``sample_id`` and every consumer drops them.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from datetime import UTC, datetime
@@ -31,7 +32,7 @@ from distill.deadlines import DeadlineIndex
 from distill.guards import UserWindow, admit_user
 from distill.metrics import METRICS, render
 from distill.samples import parse_sample, sample_to_json
-from distill.sessions import Outcome, SessionState, apply_event, apply_tick, expired
+from distill.sessions import Outcome, SessionState, apply_event, apply_tick, expired, settle_outbox
 from distill.settings import DistillSettings
 from distill.sink import AuditSink
 from distill.spec import RewardSpec, load_spec
@@ -44,6 +45,11 @@ from ingest.events import parse_event
 log = logging.getLogger(__name__)
 
 
+# Outbox entries older than this are surely delivered: Faust commits offsets every few seconds
+# (broker_commit_interval) and flushes the producer before each commit.
+SETTLED_AFTER_S = 60.0
+
+
 def partition_of(key: bytes, partitions: int) -> int:
     """Kafka's default partition for a key (murmur2), as every producer of the events topic uses."""
     return int(murmur2(key) & 0x7FFFFFFF) % partitions
@@ -53,7 +59,8 @@ def build_app(settings: DistillSettings, spec: RewardSpec | None = None) -> faus
     """The distiller's Faust app, wired to ``settings``."""
     spec = spec or load_spec(settings.spec_path)
     sink = AuditSink(settings.dsn.get_secret_value())
-    deadlines = DeadlineIndex(spec)
+    deadlines = DeadlineIndex(spec, SETTLED_AFTER_S)
+    republished: set[int] = set()
     app = faust.App(
         settings.app_id,
         broker=f"kafka://{settings.bootstrap}",
@@ -63,6 +70,7 @@ def build_app(settings: DistillSettings, spec: RewardSpec | None = None) -> faus
         topic_replication_factor=1,
         table_standby_replicas=0,
         producer_acks=-1,
+        broker_commit_interval=2.8,  # SETTLED_AFTER_S must stay well above this
         web_host=settings.web_host,
         web_bind=settings.web_host,
         web_port=settings.web_port,
@@ -81,9 +89,9 @@ def build_app(settings: DistillSettings, spec: RewardSpec | None = None) -> faus
     users = app.Table("user-windows", key_type=str)
 
     async def publish(outcome: Outcome, state: SessionState) -> None:
-        """Hand the outcome's samples on (acknowledged) and record late feedback; the caller saves state after."""
-        pending = [await scored.send(key=s.user_id.encode(), value=sample_to_json(s)) for s in outcome.samples]
-        await asyncio.gather(*pending)
+        """Hand the outcome's samples on and record late feedback; the caller saves state after."""
+        for sample in outcome.samples:
+            await scored.send(key=sample.user_id.encode(), value=sample_to_json(sample))
         if outcome.late:
             await sink.record_late(outcome.late, state.finalised)
         METRICS.samples_scored.inc(len(outcome.samples))
@@ -104,7 +112,9 @@ def build_app(settings: DistillSettings, spec: RewardSpec | None = None) -> faus
             return
         session = key.decode() if key else event.session_id
         state = SessionState.load(sessions.get(session))
-        outcome = apply_event(state, event, spec, time.time())
+        wall = time.time()
+        outcome = apply_event(state, event, spec, wall)
+        settle_outbox(state, wall, SETTLED_AFTER_S)
         METRICS.events.inc()
         METRICS.duplicates.inc(int(outcome.duplicate))
         METRICS.privacy_dropped.inc(int(outcome.private))
@@ -118,24 +128,37 @@ def build_app(settings: DistillSettings, spec: RewardSpec | None = None) -> faus
             for key, value in list(sessions.items()):
                 deadlines.update(key, partition_of(key.encode(), settings.partitions), SessionState.load(value))
             deadlines.built = True
+        if partition not in republished:
+            await republish_outboxes(partition)
+            republished.add(partition)
         now = datetime.now(UTC)
-        wall = time.time()
+        wall = now.timestamp()
         for key in deadlines.due(partition, wall):
             state = SessionState.load(sessions.get(key))
             outcome = apply_tick(state, now, spec)
-            if outcome.samples or outcome.capped:
-                await publish(outcome, state)
+            await publish(outcome, state)
+            settle_outbox(state, wall, SETTLED_AFTER_S)
             if expired(state, wall, spec):
                 del sessions[key]
                 deadlines.forget(key, partition)
             else:
-                if outcome.samples or outcome.capped:
-                    sessions[key] = state.dump()
+                sessions[key] = state.dump()
                 deadlines.update(key, partition, state)
+
+    async def republish_outboxes(partition: int) -> None:
+        """Publish again every sample of this partition that may not have been delivered before a crash."""
+        for key, value in list(sessions.items()):
+            if partition_of(key.encode(), settings.partitions) == partition and value.get("outbox"):
+                state = SessionState.load(value)
+                for sample_json, _ in state.outbox.values():
+                    sample = parse_sample(sample_json)
+                    await scored.send(key=sample.user_id.encode(), value=sample_json.encode())
+                METRICS.samples_republished.inc(len(state.outbox))
 
     @app.on_partitions_revoked.connect  # type: ignore[arg-type]
     async def on_revoked(app: Any, revoked: Any, **kwargs: Any) -> None:
         deadlines.reset()
+        republished.clear()
 
     @app.agent(source)
     async def sessionize(stream: Any) -> None:
@@ -159,7 +182,9 @@ def build_app(settings: DistillSettings, spec: RewardSpec | None = None) -> faus
             previous = UserWindow.model_validate(window) if window else None
             admitted, state = admit_user(previous, sample.generated_at, spec.guards)
             if admitted:
-                await (await samples.send(key=sample.sample_id.encode(), value=event.value))
+                # No wait for the acknowledgement: Faust flushes the producer before it commits the
+                # offset of this record, so a crash re-reads the record and publishes the sample again.
+                await samples.send(key=sample.sample_id.encode(), value=event.value)
                 METRICS.samples_published.inc()
             else:
                 METRICS.user_capped.inc()

@@ -14,8 +14,9 @@ from distill.spec import RewardSpec
 class DeadlineIndex:
     """Session key -> the wall-clock time (epoch seconds) at which a tick has work for it."""
 
-    def __init__(self, spec: RewardSpec) -> None:
+    def __init__(self, spec: RewardSpec, settled_after_s: float) -> None:
         self._spec = spec
+        self._settled_after_s = settled_after_s
         self._due: dict[int, dict[str, float]] = {}
         self.built = False
 
@@ -25,9 +26,11 @@ class DeadlineIndex:
         self.built = False
 
     def update(self, key: str, partition: int, state: SessionState) -> None:
-        """Record when ``state`` next needs a tick: its first window to close, else its expiry."""
+        """Record when ``state`` next needs a tick: a window closes, its outbox settles, or it expires."""
         if state.pending:
             due = min(p.final_at.timestamp() for p in state.pending.values())
+        elif state.outbox:
+            due = min(at for _, at in state.outbox.values()) + self._settled_after_s
         else:
             due = state.touched_at + self._spec.windows_s.longest
         self._due.setdefault(partition, {})[key] = due

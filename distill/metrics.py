@@ -32,6 +32,9 @@ METRICS = SimpleNamespace(
     late_feedback=_counter(LATE_FEEDBACK_COUNTER, "Feedback that came after its generation was final."),
     samples_scored=_counter("liveloop_distill_samples_scored_total", "Generations scored."),
     samples_published=_counter("liveloop_distill_samples_published_total", "Samples published."),
+    samples_republished=_counter(
+        "liveloop_distill_samples_republished_total", "Samples published again from an outbox after a start."
+    ),
     session_capped=_counter(SESSION_CAP_COUNTER, "Samples dropped by the per-session cap."),
     user_capped=_counter(USER_CAP_COUNTER, "Samples dropped by the per-user cap."),
     deferrals=_counter(DEFERRALS_COUNTER, "Deferrals, by policy version.", _BY_VERSION),

@@ -14,6 +14,9 @@ Rules:
 - Feedback that arrives before its generation (another producer, another path) waits as an orphan.
 - An event seen before (same tenant and event id) changes nothing; a privacy-mode event marks the
   whole session private, and a private session keeps nothing and yields nothing.
+- A sample stays in the session's outbox until it is surely delivered (``settle_outbox``): the
+  app publishes it without waiting, and after a crash it publishes the outbox again (consumers drop
+  the repeats by ``sample_id``), so a sample is never lost between the table and the topic.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 from distill.guards import admit_session, dedupe_key
 from distill.reward import final_at, is_late, score
-from distill.samples import FinalisedBy, Sample
+from distill.samples import FinalisedBy, Sample, sample_to_json
 from distill.spec import RewardSpec
 from ingest.events import Event, GenerationEvent, SessionEndedEvent, SessionStartedEvent, event_to_json, parse_event
 
@@ -56,6 +59,10 @@ class SessionState(BaseModel):
     finalised: dict[str, str] = Field(default_factory=dict, description="Generation id -> sample id.")
     seen: list[str] = Field(default_factory=list, description="Dedupe keys of the events applied.")
     admitted: int = Field(default=0, description="Samples admitted under the per-session cap.")
+    outbox: dict[str, tuple[str, float]] = Field(
+        default_factory=dict,
+        description="Samples published but maybe not yet delivered: generation id -> (sample JSON, wall time).",
+    )
     touched_at: float = Field(default=0.0, description="Wall-clock time of the last event (for expiry).")
 
     def dump(self) -> dict[str, Any]:
@@ -106,10 +113,10 @@ def apply_event(state: SessionState, event: Event, spec: RewardSpec, now: float)
     if isinstance(event, SessionEndedEvent):
         state.ended = event_to_json(event).decode()
         for generation_id in list(state.pending):
-            _finalise(state, generation_id, spec, outcome)
+            _finalise(state, generation_id, spec, outcome, now)
         return outcome
     if isinstance(event, GenerationEvent):
-        _add_generation(state, event, spec, outcome)
+        _add_generation(state, event, spec, outcome, now)
         return outcome
     generation_id = str(_generation_id(event))
     if generation_id in state.finalised:
@@ -131,8 +138,20 @@ def apply_tick(state: SessionState, now: datetime, spec: RewardSpec) -> Outcome:
     outcome = Outcome()
     for generation_id, pending in list(state.pending.items()):
         if pending.final_at <= now:
-            _finalise(state, generation_id, spec, outcome)
+            _finalise(state, generation_id, spec, outcome, now.timestamp())
     return outcome
+
+
+def settle_outbox(state: SessionState, now: float, delivered_after_s: float) -> bool:
+    """Drop outbox entries published more than ``delivered_after_s`` ago (by then surely delivered).
+
+    The app sets ``delivered_after_s`` well above its commit interval: the producer is flushed, and
+    so every earlier publication acknowledged, before any offset commit. True if anything was dropped.
+    """
+    settled = [g for g, (_, at) in state.outbox.items() if now - at > delivered_after_s]
+    for generation_id in settled:
+        del state.outbox[generation_id]
+    return bool(settled)
 
 
 def expired(state: SessionState, now: float, spec: RewardSpec) -> bool:
@@ -140,10 +159,12 @@ def expired(state: SessionState, now: float, spec: RewardSpec) -> bool:
 
     Until then, feedback for its final generations is still recognised (and recorded) as late.
     """
-    return not state.pending and now - state.touched_at > spec.windows_s.longest
+    return not state.pending and not state.outbox and now - state.touched_at > spec.windows_s.longest
 
 
-def _add_generation(state: SessionState, event: GenerationEvent, spec: RewardSpec, outcome: Outcome) -> None:
+def _add_generation(
+    state: SessionState, event: GenerationEvent, spec: RewardSpec, outcome: Outcome, now: float
+) -> None:
     generation_id = str(event.payload.generation_id)
     if generation_id in state.pending or generation_id in state.finalised:
         outcome.duplicate = True  # the same generation under another event id: keep the first
@@ -162,10 +183,10 @@ def _add_generation(state: SessionState, event: GenerationEvent, spec: RewardSpe
             pending.feedback.append(raw)
     state.pending[generation_id] = pending
     if state.ended is not None:
-        _finalise(state, generation_id, spec, outcome)
+        _finalise(state, generation_id, spec, outcome, now)
 
 
-def _finalise(state: SessionState, generation_id: str, spec: RewardSpec, outcome: Outcome) -> None:
+def _finalise(state: SessionState, generation_id: str, spec: RewardSpec, outcome: Outcome, now: float) -> None:
     pending = state.pending.pop(generation_id)
     generation = _generation(pending)
     ended = parse_event(state.ended) if state.ended else None
@@ -174,7 +195,11 @@ def _finalise(state: SessionState, generation_id: str, spec: RewardSpec, outcome
     sample = score(generation, feedback, spec, finalised_by(generation, ended, spec))
     state.finalised[generation_id] = sample.sample_id
     admitted, state.admitted = admit_session(state.admitted, spec.guards)
-    (outcome.samples if admitted else outcome.capped).append(sample)
+    if admitted:
+        outcome.samples.append(sample)
+        state.outbox[generation_id] = (sample_to_json(sample).decode(), now)
+    else:
+        outcome.capped.append(sample)
 
 
 def _generation(pending: PendingGeneration) -> GenerationEvent:
