@@ -178,17 +178,24 @@ def build_app(settings: DistillSettings, spec: RewardSpec | None = None) -> faus
     async def admit(stream: Any) -> None:
         async for event in stream.events():
             sample = parse_sample(event.value)
-            window = users.get(sample.user_id)
-            previous = UserWindow.model_validate(window) if window else None
-            admitted, state = admit_user(previous, sample.generated_at, spec.guards)
+            entry = users.get(sample.user_id) or {}
+            recent: list[str] = entry.get("admitted_ids", [])
+            if sample.sample_id in recent:
+                # A repeat (an outbox published again after a start) was admitted already: pass it on
+                # without spending the user's cap on it twice.
+                await samples.send(key=sample.sample_id.encode(), value=event.value)
+                continue
+            previous = UserWindow.model_validate(entry["window"]) if "window" in entry else None
+            admitted, window = admit_user(previous, sample.generated_at, spec.guards)
             if admitted:
                 # No wait for the acknowledgement: Faust flushes the producer before it commits the
                 # offset of this record, so a crash re-reads the record and publishes the sample again.
                 await samples.send(key=sample.sample_id.encode(), value=event.value)
                 METRICS.samples_published.inc()
+                recent = [*recent, sample.sample_id][-spec.guards.max_samples_per_user_per_window :]
             else:
                 METRICS.user_capped.inc()
-            users[sample.user_id] = state.model_dump(mode="json")
+            users[sample.user_id] = {"window": window.model_dump(mode="json"), "admitted_ids": recent}
 
     @app.agent(samples)
     async def archive(stream: Any) -> None:

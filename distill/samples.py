@@ -25,7 +25,16 @@ from datetime import UTC, datetime
 from typing import Annotated, Literal
 from uuid import UUID
 
-from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    AfterValidator,
+    AwareDatetime,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
 
 from distill.errors import InvalidSample, MisalignedTrajectory
 from ingest.payloads import GenerationPayload, Identifier, Logprob, Name, TokenId
@@ -45,6 +54,10 @@ def _utc(value: datetime) -> datetime:
 
 
 UtcDatetime = Annotated[AwareDatetime, AfterValidator(_utc)]
+
+
+def _by_name(value: object) -> object:
+    return dict(sorted(value.items())) if isinstance(value, dict) else value
 
 
 def sample_id_for(generation_id: UUID | str, spec_hash: str) -> str:
@@ -77,7 +90,10 @@ class Sample(BaseModel):
     )
     loss_mask: list[Literal[0, 1]] | None = Field(default=None, description="1 = train on this completion token.")
     reward: float
-    components: dict[str, float] = Field(description="Per-signal breakdown; fsum gives the raw reward.")
+    # Kept in name order, so that the JSON is canonical whatever order a reader (say jsonb) gives them in.
+    components: Annotated[dict[str, float], BeforeValidator(_by_name)] = Field(
+        description="Per-signal breakdown; fsum gives the raw reward."
+    )
     source_event_ids: list[UUID] = Field(min_length=1, description="Generation and counted feedback, sorted.")
     spec_version: str
     spec_hash: str = Field(pattern=_HEX_64)
@@ -112,8 +128,6 @@ class Sample(BaseModel):
         ids = [str(event_id) for event_id in self.source_event_ids]
         if ids != sorted(set(ids)):
             raise ValueError("source_event_ids must be unique and sorted by their string form")
-        if list(self.components) != sorted(self.components):
-            raise ValueError("components must be sorted by name, so that the JSON is canonical")
         return self
 
 

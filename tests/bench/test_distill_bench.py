@@ -1,0 +1,324 @@
+"""Benchmarks of the distiller: throughput and sample latency, against a plain aiokafka passthrough.
+
+Both sides are real processes on the local broker: the distiller is ``python -m distill.app`` run by
+``tests/distill/stream_harness.py`` (fresh app id, topics and tables per run, default settings, so the
+timer ticks every second as in production); the baseline is a minimal aiokafka consume-and-produce
+loop (``PASSTHROUGH`` below: read a batch, send every record on with acks=all, wait for the acks).
+Each side is started and proven ready (a probe goes through) before the clock starts, so start-up
+and group joins are not measured. Runs alternate so that a noisy machine moves both.
+
+(a) ``distill_throughput``: events/s from the first event produced until the last sample is on the
+    samples topic (the last output record's broker timestamp), sessions of 4 events (start,
+    generation, accept, end) sent as fast as a producer can; the baseline forwards the same events.
+    Goal: at least 0.5 of the passthrough.
+(b) ``distill_latency_p99``: seconds from producing a session's last events (the accept and the
+    ``session.ended``) to its sample's timestamp on the samples topic, at a steady 2,000 events/s;
+    p50 and p99. The baseline is the passthrough's latency for the same ``session.ended`` records.
+    Goal: p99 below 1 s (absolute). Also recorded: the same at 200 events/s.
+
+Never asserts on time; it asserts only that every sample arrived.
+"""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+
+from distill.samples import parse_sample
+from infra.settings import TopicSpec
+from infra.stack import Endpoints
+from infra.topics import ensure_topics
+from tests.bench.results import write_result
+from tests.distill.stream_harness import REPO_ROOT, StreamHarness, dump_json, simple_session
+
+PARTITIONS = 3
+THROUGHPUT_SESSIONS = 1_500  # 6,000 events per run
+RATE = 2_000  # events/s for the latency benchmark
+LOW_RATE = 200
+LATENCY_SECONDS = 5.0
+RUNS = 3
+DRAIN_S = 300.0  # most a run waits for its last output
+
+Record = tuple[bytes, bytes, int]  # key, value, broker timestamp in ms
+
+PASSTHROUGH = """
+import asyncio, sys
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+async def main(bootstrap, source, sink):
+    consumer = AIOKafkaConsumer(source, bootstrap_servers=bootstrap, group_id="passthrough-" + source,
+                                auto_offset_reset="earliest", enable_auto_commit=False)
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=0)
+    await consumer.start()
+    await producer.start()
+    try:
+        while True:
+            batches = await consumer.getmany(timeout_ms=100, max_records=1000)
+            sent = [await producer.send(sink, key=r.key, value=r.value) for rs in batches.values() for r in rs]
+            if sent:
+                await asyncio.gather(*sent)
+                await consumer.commit()
+    finally:
+        await producer.stop()
+        await consumer.stop()
+
+asyncio.run(main(*sys.argv[1:]))
+"""
+
+
+class Passthrough:
+    """The baseline process: forwards ``source`` to ``sink`` record by record."""
+
+    def __init__(self, bootstrap: str, tag: str, log: Path) -> None:
+        self.bootstrap = bootstrap
+        self.source = f"bench.passthrough.in.{tag}"
+        self.sink = f"bench.passthrough.out.{tag}"
+        specs = [TopicSpec(name=name, partitions=PARTITIONS) for name in (self.source, self.sink)]
+        ensure_topics(bootstrap, specs)
+        with log.open("ab") as out:
+            self.process = subprocess.Popen(
+                [sys.executable, "-c", PASSTHROUGH, bootstrap, self.source, self.sink],
+                cwd=REPO_ROOT,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+
+    def wait_ready(self) -> None:
+        """A probe record goes through: the consumer is assigned and the producer connected."""
+        produce(self.bootstrap, self.source, [(b"probe", b"probe")])
+        wait_for_records(self.bootstrap, self.sink, 1)
+
+    def close(self) -> None:
+        self.process.kill()
+        self.process.wait(timeout=30)
+
+
+def produce(bootstrap: str, topic: str, records: list[tuple[bytes, bytes]]) -> float:
+    """Send records as fast as possible (acks=all); return the wall time the first was sent."""
+    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5, batch_size=256 * 1024)
+    try:
+        started_at = time.time()
+        for key, value in records:
+            producer.send(topic, key=key, value=value)
+        producer.flush(timeout=120)
+        return started_at
+    finally:
+        producer.close(timeout=10)
+
+
+def produce_paced(bootstrap: str, topic: str, sessions: list[list[tuple[bytes, bytes]]], rate: float) -> list[float]:
+    """Send the sessions' records at a steady ``rate`` records/s; return when each session's last record was sent."""
+    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=0)
+    sent_at: list[float] = []
+    try:
+        start = time.perf_counter()
+        offset = time.time() - start
+        count = 0
+        for records in sessions:
+            due = start + count / rate
+            pause = due - time.perf_counter()
+            if pause > 0:
+                time.sleep(pause)
+            for key, value in records:
+                producer.send(topic, key=key, value=value)
+            count += len(records)
+            sent_at.append(time.perf_counter() + offset)
+        producer.flush(timeout=120)
+        return sent_at
+    finally:
+        producer.close(timeout=10)
+
+
+def wait_for_records(bootstrap: str, topic: str, count: int, distinct: bool = False) -> list[Record]:
+    """Read ``topic`` from the beginning until ``count`` records (or distinct keys) are there; return them all."""
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    try:
+        partitions = [TopicPartition(topic, p) for p in range(PARTITIONS)]
+        consumer.assign(partitions)
+        consumer.seek_to_beginning(*partitions)
+        records: list[Record] = []
+        keys: set[bytes] = set()
+        deadline = time.monotonic() + DRAIN_S
+        while (len(keys) if distinct else len(records)) < count:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"only {len(records)} of {count} records on {topic} after {DRAIN_S} s")
+            for batch in consumer.poll(timeout_ms=200).values():
+                for r in batch:
+                    records.append((r.key, r.value, r.timestamp))
+                    keys.add(r.key)
+        return records
+    finally:
+        consumer.close(autocommit=False)
+
+
+def sessions_records(count: int, tag: str) -> list[list[tuple[bytes, bytes]]]:
+    """``count`` sessions of 4 events (start, generation, accept, end) as keyed JSON records, timestamped now."""
+    now = datetime.now(UTC)
+    sessions = []
+    for i in range(count):
+        session = f"bench-{tag}-{i}"
+        events = simple_session(session, uuid.uuid4(), ts=now, user_id=f"user-{i % 500}")
+        sessions.append([(session.encode(), dump_json(event)) for event in events])
+    return sessions
+
+
+def distiller(endpoints: Endpoints, dsn: str, workdir: Path) -> StreamHarness:
+    """A ready distiller worker with default settings (ticks every second) on fresh topics."""
+    harness = StreamHarness(endpoints.kafka_bootstrap, dsn, workdir, partitions=PARTITIONS, tick_interval_s=1.0)
+    try:
+        harness.start()
+        harness.wait_ready()
+    except BaseException:
+        harness.close()
+        raise
+    return harness
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The ``q``-quantile (0..1) by nearest rank."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered)) - 1))]
+
+
+# -- (a) throughput ----------------------------------------------------------------------------------
+
+
+def _distill_throughput(endpoints: Endpoints, dsn: str, workdir: Path) -> float:
+    sessions = sessions_records(THROUGHPUT_SESSIONS, uuid.uuid4().hex[:8])
+    records = [record for session in sessions for record in session]
+    with distiller(endpoints, dsn, workdir) as harness:
+        started_at = produce(harness.bootstrap, harness.events_topic, records)
+        out = wait_for_records(harness.bootstrap, harness.samples_topic, len(sessions), distinct=True)
+    return len(records) / (max(ts for _, _, ts in out) / 1000 - started_at)
+
+
+def _passthrough_throughput(endpoints: Endpoints, workdir: Path) -> float:
+    sessions = sessions_records(THROUGHPUT_SESSIONS, uuid.uuid4().hex[:8])
+    records = [record for session in sessions for record in session]
+    baseline = Passthrough(endpoints.kafka_bootstrap, uuid.uuid4().hex[:8], workdir / "passthrough.log")
+    try:
+        baseline.wait_ready()
+        started_at = produce(baseline.bootstrap, baseline.source, records)
+        out = wait_for_records(baseline.bootstrap, baseline.sink, len(records) + 1)
+    finally:
+        baseline.close()
+    return len(records) / (max(ts for _, _, ts in out) / 1000 - started_at)
+
+
+def test_distill_throughput(endpoints: Endpoints, fresh_database: str, tmp_path: Path) -> None:
+    distilled: list[float] = []
+    passed: list[float] = []
+    for run in range(RUNS):
+        # Alternate which side goes first, so that neither always meets a freshly idle machine.
+        if run % 2:
+            passed.append(_passthrough_throughput(endpoints, tmp_path))
+        distilled.append(_distill_throughput(endpoints, fresh_database, tmp_path / f"d{run}"))
+        if not run % 2:
+            passed.append(_passthrough_throughput(endpoints, tmp_path))
+    write_result(
+        name="distill_throughput",
+        unit="events/s",
+        value=statistics.median(distilled),
+        baseline_name="aiokafka consume-and-produce passthrough of the same events (acks=all)",
+        baseline_value=statistics.median(passed),
+        goal_ratio=0.5,
+        runs=RUNS,
+        extra={
+            "events_per_run": THROUGHPUT_SESSIONS * 4,
+            "sessions_per_run": THROUGHPUT_SESSIONS,
+            "partitions": PARTITIONS,
+            "tick_interval_s": 1.0,
+            "distill_runs": distilled,
+            "baseline_runs": passed,
+        },
+    )
+
+
+# -- (b) latency -------------------------------------------------------------------------------------
+
+
+def _latencies(sessions: list[list[tuple[bytes, bytes]]], sent_at: list[float], out: list[Record]) -> list[float]:
+    """Per session: the first output record of the session (by key) minus when its last event was sent."""
+    first_seen: dict[bytes, int] = {}
+    for key, _, ts in out:
+        first_seen[key] = min(ts, first_seen.get(key, ts))
+    return [first_seen[key] / 1000 - sent for key, sent in zip((s[0][0] for s in sessions), sent_at, strict=True)]
+
+
+def _distill_latency(endpoints: Endpoints, dsn: str, workdir: Path, rate: float) -> list[float]:
+    sessions = sessions_records(int(rate * LATENCY_SECONDS / 4), uuid.uuid4().hex[:8])
+    with distiller(endpoints, dsn, workdir) as harness:
+        sent_at = produce_paced(harness.bootstrap, harness.events_topic, sessions, rate)
+        out = wait_for_records(harness.bootstrap, harness.samples_topic, len(sessions), distinct=True)
+    # Samples are keyed by sample id; map each back to its session through the sample's body.
+    by_session = [(_session_key(value), value, ts) for _, value, ts in out]
+    return _latencies(sessions, sent_at, by_session)
+
+
+def _session_key(sample: bytes) -> bytes:
+    return parse_sample(sample).session_id.encode()
+
+
+def _passthrough_latency(endpoints: Endpoints, workdir: Path, rate: float) -> list[float]:
+    sessions = sessions_records(int(rate * LATENCY_SECONDS / 4), uuid.uuid4().hex[:8])
+    baseline = Passthrough(endpoints.kafka_bootstrap, uuid.uuid4().hex[:8], workdir / "passthrough.log")
+    try:
+        baseline.wait_ready()
+        sent_at = produce_paced(baseline.bootstrap, baseline.source, sessions, rate)
+        out = wait_for_records(baseline.bootstrap, baseline.sink, sum(map(len, sessions)) + 1)
+    finally:
+        baseline.close()
+    ends = [(key, value, ts) for key, value, ts in out if b'"type":"session.ended"' in value]
+    return _latencies(sessions, sent_at, ends)
+
+
+def test_distill_latency(endpoints: Endpoints, fresh_database: str, tmp_path: Path) -> None:
+    summary: dict[str, list[float]] = {"p50": [], "p99": [], "base_p50": [], "base_p99": []}
+    low: dict[str, list[float]] = {"p50": [], "p99": []}
+    for run in range(RUNS):
+        distilled = _distill_latency(endpoints, fresh_database, tmp_path / f"d{run}", RATE)
+        passed = _passthrough_latency(endpoints, tmp_path, RATE)
+        calm = _distill_latency(endpoints, fresh_database, tmp_path / f"l{run}", LOW_RATE)
+        for name, values in (("", distilled), ("base_", passed)):
+            summary[f"{name}p50"].append(percentile(values, 0.5))
+            summary[f"{name}p99"].append(percentile(values, 0.99))
+        low["p50"].append(percentile(calm, 0.5))
+        low["p99"].append(percentile(calm, 0.99))
+    median: dict[str, Any] = {name: statistics.median(values) for name, values in summary.items()}
+    write_result(
+        name="distill_latency_p99",
+        unit="s",
+        value=median["p99"],
+        baseline_name="aiokafka consume-and-produce passthrough: p99 of the same session.ended records",
+        baseline_value=median["base_p99"],
+        goal_ratio=None,
+        runs=RUNS,
+        extra={
+            "goal": {"p99_s_at_most": 1.0},
+            "goal_met": median["p99"] < 1.0,
+            "rate_events_per_s": RATE,
+            "seconds_per_run": LATENCY_SECONDS,
+            "p50_s": median["p50"],
+            "baseline_p50_s": median["base_p50"],
+            "runs_p50_s": summary["p50"],
+            "runs_p99_s": summary["p99"],
+            "low_rate_events_per_s": LOW_RATE,
+            "low_rate_p50_s": statistics.median(low["p50"]),
+            "low_rate_p99_s": statistics.median(low["p99"]),
+            "tick_interval_s": 1.0,
+        },
+    )
+    print(
+        f"[bench] distill latency at {RATE} events/s: p50 {median['p50']:.3f} s, p99 {median['p99']:.3f} s "
+        f"(goal p99 < 1 s); at {LOW_RATE} events/s: p50 {statistics.median(low['p50']):.3f} s, "
+        f"p99 {statistics.median(low['p99']):.3f} s",
+        flush=True,
+    )
