@@ -184,6 +184,7 @@ def build_app(settings: DistillSettings, spec: RewardSpec | None = None) -> faus
                 # A repeat (an outbox published again after a start) was admitted already: pass it on
                 # without spending the user's cap on it twice.
                 await samples.send(key=sample.sample_id.encode(), value=event.value)
+                METRICS.samples_published.inc()
                 continue
             previous = UserWindow.model_validate(entry["window"]) if "window" in entry else None
             admitted, window = admit_user(previous, sample.generated_at, spec.guards)
