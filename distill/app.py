@@ -60,7 +60,6 @@ def build_app(settings: DistillSettings, spec: RewardSpec | None = None) -> faus
     spec = spec or load_spec(settings.spec_path)
     sink = AuditSink(settings.dsn.get_secret_value())
     deadlines = DeadlineIndex(spec, SETTLED_AFTER_S)
-    republished: set[int] = set()
     app = faust.App(
         settings.app_id,
         broker=f"kafka://{settings.bootstrap}",
@@ -124,13 +123,7 @@ def build_app(settings: DistillSettings, spec: RewardSpec | None = None) -> faus
 
     async def on_tick(partition: int) -> None:
         if not deadlines.built:
-            # After a start or a rebalance: one scan of the (recovered) table rebuilds the index.
-            for key, value in list(sessions.items()):
-                deadlines.update(key, partition_of(key.encode(), settings.partitions), SessionState.load(value))
-            deadlines.built = True
-        if partition not in republished:
-            await republish_outboxes(partition)
-            republished.add(partition)
+            await recover()
         now = datetime.now(UTC)
         wall = now.timestamp()
         for key in deadlines.due(partition, wall):
@@ -145,20 +138,22 @@ def build_app(settings: DistillSettings, spec: RewardSpec | None = None) -> faus
                 sessions[key] = state.dump()
                 deadlines.update(key, partition, state)
 
-    async def republish_outboxes(partition: int) -> None:
-        """Publish again every sample of this partition that may not have been delivered before a crash."""
+    async def recover() -> None:
+        """After a start or a rebalance, one scan of the (recovered) table: rebuild the deadline index
+        and publish again every sample that may not have been delivered before a crash (this only
+        sends, so it needs no partition's event context)."""
         for key, value in list(sessions.items()):
-            if partition_of(key.encode(), settings.partitions) == partition and value.get("outbox"):
-                state = SessionState.load(value)
-                for sample_json, _ in state.outbox.values():
-                    sample = parse_sample(sample_json)
-                    await scored.send(key=sample.user_id.encode(), value=sample_json.encode())
-                METRICS.samples_republished.inc(len(state.outbox))
+            state = SessionState.load(value)
+            deadlines.update(key, partition_of(key.encode(), settings.partitions), state)
+            for sample_json, _ in state.outbox.values():
+                sample = parse_sample(sample_json)
+                await scored.send(key=sample.user_id.encode(), value=sample_json.encode())
+            METRICS.samples_republished.inc(len(state.outbox))
+        deadlines.built = True
 
     @app.on_partitions_revoked.connect  # type: ignore[arg-type]
     async def on_revoked(app: Any, revoked: Any, **kwargs: Any) -> None:
         deadlines.reset()
-        republished.clear()
 
     @app.agent(source)
     async def sessionize(stream: Any) -> None:

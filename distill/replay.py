@@ -18,7 +18,6 @@ privacy-mode events at the source, so such a session normally never reaches the 
 from __future__ import annotations
 
 import itertools
-import json
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -171,16 +170,8 @@ def replay_from_database(
 
 
 def stored_sample(body: str | bytes) -> Sample:
-    """A sample read back from ``samples.body``.
-
-    The column is ``jsonb``, which keeps no key order (shorter keys come first), while the sample
-    contract requires ``components`` sorted by name; key order carries no meaning in JSON, so it is
-    restored here and everything else is validated as it is.
-    """
-    data = json.loads(body)
-    if isinstance(data, dict) and isinstance(data.get("components"), dict):
-        data["components"] = dict(sorted(data["components"].items()))
-    return parse_sample(json.dumps(data))
+    """A sample read back from ``samples.body`` (``jsonb`` keeps no key order; ``Sample`` restores it)."""
+    return parse_sample(body)
 
 
 def _canonical(body: str) -> bytes:
