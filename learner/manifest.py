@@ -1,0 +1,182 @@
+"""The checkpoint contract: the manifest written beside every checkpoint's weights, and the
+announcement the learner publishes on the ``liveloop.checkpoints`` topic.
+
+Owned by the learner, imported by serving (hot-swap, the evaluation gate). Light on purpose: no torch,
+no MLflow, so that a reader can check a checkpoint folder without loading a model.
+
+Decisions a reader must know:
+
+- ``policy_version`` is the learner's own counter: the base model is 0, each checkpoint is its
+  parent's plus one. It is what serving reports with every completion and what samples carry, so
+  staleness is a subtraction. The MLflow model version is separate (it also counts rejected
+  uploads) and is recorded in the announcement, not in the manifest, which is written before it exists.
+- ``positions`` are the *next* offsets to read, per partition of the samples topic, after this
+  checkpoint: a restarted learner seeks there, never to a committed group offset that may run ahead.
+  ``consumed`` are the offset ranges this checkpoint itself read (inclusive); across a lineage they
+  are contiguous and never overlap.
+- ``files`` maps each file of the folder (relative, ``/``-separated), except the manifest itself,
+  to its sha256; :func:`verify_checkpoint` refuses a folder with a missing, extra or changed file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
+
+MANIFEST_FILE = "liveloop-manifest.json"
+"""The manifest's name inside a checkpoint folder."""
+
+MANIFEST_SCHEMA_VERSION = 1
+
+_HEX_64 = r"^[0-9a-f]{64}$"
+_CHECKPOINT_ID = r"^[a-z0-9][a-z0-9._-]{0,127}$"
+
+
+class ManifestError(Exception):
+    """A checkpoint folder or announcement is not what its manifest says; do not load it."""
+
+
+class OffsetRange(BaseModel):
+    """Offsets ``first..last`` (inclusive) of one partition of the samples topic."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    topic: str
+    partition: int = Field(ge=0)
+    first_offset: int = Field(ge=0)
+    last_offset: int = Field(ge=0)
+
+
+class RewardStats(BaseModel):
+    """Reward statistics of the samples a checkpoint trained on."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    count: int = Field(ge=0)
+    mean: float = 0.0
+    std: float = Field(default=0.0, ge=0)
+    min: float = 0.0
+    max: float = 0.0
+
+
+class CheckpointManifest(BaseModel):
+    """What a checkpoint is, where it came from and exactly which data made it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    schema_version: int = Field(default=MANIFEST_SCHEMA_VERSION, ge=1)
+    checkpoint_id: str = Field(pattern=_CHECKPOINT_ID)
+    parent_id: str | None = Field(default=None, description="The checkpoint this one was trained from.")
+    model_name: str = Field(min_length=1, description="The MLflow registered model this lineage belongs to.")
+    base_model: str = Field(min_length=1, description="What lineage version 0 was: a folder or 'tiny-llama:<hash>'.")
+    policy_version: int = Field(ge=0)
+    format: Literal["full", "lora"] = "full"
+    step: int = Field(ge=0, description="Optimizer steps taken in the whole lineage, this checkpoint included.")
+    sample_count: int = Field(ge=0)
+    consumed: list[OffsetRange] = Field(default_factory=list)
+    positions: dict[str, dict[int, int]] = Field(
+        default_factory=dict, description="topic -> partition -> next offset to read after this checkpoint."
+    )
+    reward: RewardStats = Field(default_factory=lambda: RewardStats(count=0))
+    spec_hashes: list[str] = Field(default_factory=list, description="Reward spec hashes of the samples.")
+    training_config: dict[str, Any] = Field(default_factory=dict)
+    training_config_hash: str = Field(pattern=_HEX_64)
+    code_version: str = Field(min_length=1)
+    files: dict[str, str] = Field(min_length=1, description="relative path -> sha256 of every weight/config file.")
+    created_at: AwareDatetime
+
+
+class CheckpointAnnouncement(BaseModel):
+    """The value on the checkpoints topic (key: checkpoint id): a registered candidate to evaluate."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    checkpoint_id: str = Field(pattern=_CHECKPOINT_ID)
+    policy_version: int = Field(ge=0)
+    parent_id: str | None = None
+    model_name: str
+    model_version: int = Field(ge=1, description="The MLflow model version holding the folder.")
+    run_id: str = Field(description="The MLflow run that logged the training metrics and artifacts.")
+    sample_count: int = Field(ge=0)
+    manifest_sha256: str = Field(pattern=_HEX_64)
+    announced_at: AwareDatetime
+
+
+def config_hash(config: dict[str, Any]) -> str:
+    """sha256 of the canonical JSON of a training config (sorted keys, no spaces)."""
+    return hashlib.sha256(json.dumps(config, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    """sha256 of a file's bytes, read in chunks so that large weight files do not fill memory."""
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while block := handle.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def hash_folder(folder: Path) -> dict[str, str]:
+    """relative path -> sha256 of every file under ``folder``, the manifest excepted."""
+    return {
+        path.relative_to(folder).as_posix(): sha256_file(path)
+        for path in sorted(folder.rglob("*"))
+        if path.is_file() and path.name != MANIFEST_FILE
+    }
+
+
+def manifest_bytes(manifest: CheckpointManifest) -> bytes:
+    """The manifest's canonical JSON bytes (what :attr:`CheckpointAnnouncement.manifest_sha256` hashes)."""
+    return manifest.model_dump_json(indent=2).encode()
+
+
+def write_manifest(folder: Path, manifest: CheckpointManifest) -> Path:
+    """Write the manifest into ``folder`` durably (temporary file, fsync, rename)."""
+    target = folder / MANIFEST_FILE
+    temporary = folder / f".{MANIFEST_FILE}.tmp"
+    with temporary.open("wb") as handle:
+        handle.write(manifest_bytes(manifest))
+        handle.flush()
+        os.fsync(handle.fileno())
+    temporary.replace(target)
+    return target
+
+
+def read_manifest(folder: Path) -> CheckpointManifest:
+    """Read and validate the manifest of a checkpoint folder; ManifestError says what is wrong."""
+    path = folder / MANIFEST_FILE
+    try:
+        return CheckpointManifest.model_validate_json(path.read_bytes())
+    except FileNotFoundError as exc:
+        raise ManifestError(f"{folder} has no {MANIFEST_FILE}; it is not a liveloop checkpoint") from exc
+    except ValidationError as exc:
+        raise ManifestError(f"{path} is not a valid manifest: {exc}") from exc
+
+
+def verify_checkpoint(folder: Path) -> CheckpointManifest:
+    """Read the manifest and check every file's sha256 against it; raise ManifestError on any mismatch."""
+    manifest = read_manifest(folder)
+    actual = hash_folder(folder)
+    problems = [f"{name}: missing" for name in sorted(manifest.files.keys() - actual.keys())]
+    problems += [f"{name}: not in the manifest" for name in sorted(actual.keys() - manifest.files.keys())]
+    problems += [
+        f"{name}: sha256 {actual[name][:12]}… but the manifest says {digest[:12]}…"
+        for name, digest in sorted(manifest.files.items())
+        if name in actual and actual[name] != digest
+    ]
+    if problems:
+        raise ManifestError(
+            f"checkpoint {manifest.checkpoint_id} in {folder} fails verification: " + "; ".join(problems)
+        )
+    return manifest
+
+
+def now_utc() -> datetime:
+    """The current time, timezone-aware UTC (manifests and announcements never hold naive times)."""
+    return datetime.now(UTC)

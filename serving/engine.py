@@ -1,0 +1,85 @@
+"""The engine interface every inference engine implements (the torch engine, the vLLM engine).
+
+An engine holds one or more loaded policy versions side by side. ``load`` puts a checkpoint beside
+the current one (the current keeps serving meanwhile), ``switch`` makes a loaded version the default
+atomically, ``unload`` frees one. ``generate`` runs a batch on a version chosen at call time: a
+request that started on a version finishes on it, even when the default moves during the call.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class EngineError(Exception):
+    """Root of the engine errors."""
+
+
+class LoadFailed(EngineError):
+    """A checkpoint could not be loaded (bad folder, bad checksum, NaN/Inf weights); the current version serves on."""
+
+
+class UnknownVersion(EngineError):
+    """The version asked for is not loaded in this engine."""
+
+
+class SamplingParams(BaseModel):
+    """How to sample, as the OpenAI API names it. ``seed`` makes sampling repeatable per request."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0, description="0 means greedy.")
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    max_tokens: int = Field(default=64, ge=1, le=4096)
+    stop: tuple[str, ...] = Field(default=(), max_length=4)
+    seed: int | None = None
+
+
+class Generation(BaseModel):
+    """One completion: the text, the sampled token ids and each one's logprob under the serving policy."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    text: str
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: Literal["stop", "length"]
+    policy_version: int = Field(ge=0)
+
+
+class Engine(ABC):
+    """Generates with loaded policy versions; loads, switches and unloads them."""
+
+    @abstractmethod
+    def load(self, folder: Path, policy_version: int) -> None:
+        """Load the Hugging Face folder (full weights or a LoRA adapter) as ``policy_version``, beside
+        the versions already loaded, and warm it up. Raises LoadFailed and leaves the others serving."""
+
+    @abstractmethod
+    def switch(self, policy_version: int) -> None:
+        """Make a loaded version the default for new requests (atomic). UnknownVersion if not loaded."""
+
+    @abstractmethod
+    def unload(self, policy_version: int) -> None:
+        """Free a loaded version that is not the default; requests still running on it finish first."""
+
+    @property
+    @abstractmethod
+    def default_version(self) -> int:
+        """The version new requests get unless they name one."""
+
+    @property
+    @abstractmethod
+    def loaded_versions(self) -> list[int]:
+        """Every version loaded now, ascending."""
+
+    @abstractmethod
+    def generate(
+        self, prompts: list[str], params: SamplingParams, policy_version: int | None = None
+    ) -> list[Generation]:
+        """Complete each prompt with ``policy_version`` (the default when None); blocking, thread-safe."""
