@@ -103,6 +103,10 @@ class Sample(BaseModel):
     surface: Identifier
     task_kind: Identifier | None = None
     finalised_by: FinalisedBy
+    privacy_mode: bool = Field(
+        default=False,
+        description="Always false from the distiller, which drops private sessions; consumers re-check and drop.",
+    )
     deferral: bool
     invalid_tool_calls: int = Field(ge=0)
     generated_at: UtcDatetime = Field(description="The generation event's time, UTC.")

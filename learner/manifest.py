@@ -36,6 +36,8 @@ MANIFEST_SCHEMA_VERSION = 1
 
 _HEX_64 = r"^[0-9a-f]{64}$"
 _CHECKPOINT_ID = r"^[a-z0-9][a-z0-9._-]{0,127}$"
+# Registered model names travel inside MLflow filter strings: letters, digits, '.', '_' and '-' only.
+MODEL_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 
 
 class ManifestError(Exception):
@@ -73,7 +75,7 @@ class CheckpointManifest(BaseModel):
     schema_version: int = Field(default=MANIFEST_SCHEMA_VERSION, ge=1)
     checkpoint_id: str = Field(pattern=_CHECKPOINT_ID)
     parent_id: str | None = Field(default=None, description="The checkpoint this one was trained from.")
-    model_name: str = Field(min_length=1, description="The MLflow registered model this lineage belongs to.")
+    model_name: str = Field(pattern=MODEL_NAME_PATTERN, description="The MLflow registered model of this lineage.")
     base_model: str = Field(min_length=1, description="What lineage version 0 was: a folder or 'tiny-llama:<hash>'.")
     policy_version: int = Field(ge=0)
     format: Literal["full", "lora"] = "full"
@@ -86,6 +88,9 @@ class CheckpointManifest(BaseModel):
     reward: RewardStats = Field(default_factory=lambda: RewardStats(count=0))
     spec_hashes: list[str] = Field(default_factory=list, description="Reward spec hashes of the samples.")
     training_config: dict[str, Any] = Field(default_factory=dict)
+    training_metrics: dict[str, float] = Field(
+        default_factory=dict, description="Means over the cycle's steps: loss, kl, mean_weight, truncated_fraction..."
+    )
     training_config_hash: str = Field(pattern=_HEX_64)
     code_version: str = Field(min_length=1)
     files: dict[str, str] = Field(min_length=1, description="relative path -> sha256 of every weight/config file.")
@@ -100,7 +105,7 @@ class CheckpointAnnouncement(BaseModel):
     checkpoint_id: str = Field(pattern=_CHECKPOINT_ID)
     policy_version: int = Field(ge=0)
     parent_id: str | None = None
-    model_name: str
+    model_name: str = Field(pattern=MODEL_NAME_PATTERN)
     model_version: int = Field(ge=1, description="The MLflow model version holding the folder.")
     run_id: str = Field(description="The MLflow run that logged the training metrics and artifacts.")
     sample_count: int = Field(ge=0)
