@@ -1,0 +1,105 @@
+"""Sample intake: what the learner admits for training, and how admitted samples are packed into batches.
+
+:class:`Intake` drops, and counts, every sample the learner must not train on. It checks in this order,
+and the first reason that applies is the one counted:
+
+1. ``private``: the sample's session was in privacy mode. The distiller never emits these; this is the
+   re-check, first so that no other reason can hide a privacy breach from its counter.
+2. ``duplicate``: a sample with this ``sample_id`` was already admitted (a re-delivery or a replay).
+   Before staleness, so that a re-delivered sample counts as the duplicate it is even after the base moved.
+3. ``stale``: ``base_policy_version - policy_version > max_staleness``: its behaviour policy is too far
+   behind for truncated importance weights to correct.
+4. ``no_tokens``: no prompt tokens, completion tokens or behaviour logprobs, or no 1 in its loss mask:
+   there is nothing to train on.
+
+Only admitted samples are remembered as seen, so the seen set is exactly what was (or will be) trained on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from distill.samples import Sample
+from learner.metrics import DROP_REASONS, SAMPLES_ACCEPTED, SAMPLES_DROPPED
+
+
+class Intake:
+    """Admits samples for training, or drops them with a reason; counts both here and in Prometheus.
+
+    ``base_policy_version`` is the learner's current policy version: set it when a checkpoint is written.
+    ``seen_sample_ids`` are samples already trained on (from the last manifest), so a restarted learner
+    drops their re-delivery. ``counts`` holds one entry per drop reason plus ``"accepted"``.
+    """
+
+    def __init__(self, base_policy_version: int, max_staleness: int, seen_sample_ids: Iterable[str] = ()) -> None:
+        if base_policy_version < 0:
+            raise ValueError(f"base_policy_version {base_policy_version} must be >= 0")
+        if max_staleness < 0:
+            raise ValueError(f"max_staleness {max_staleness} must be >= 0; 0 trains on the current policy only")
+        self.base_policy_version = base_policy_version
+        self.max_staleness = max_staleness
+        self._seen: set[str] = set(seen_sample_ids)
+        self.counts: dict[str, int] = dict.fromkeys((*DROP_REASONS, "accepted"), 0)
+
+    def reason_to_drop(self, sample: Sample) -> str | None:
+        """Why ``sample`` must not be trained on, or ``None``; counts and remembers nothing."""
+        if sample.privacy_mode:
+            return "private"
+        if sample.sample_id in self._seen:
+            return "duplicate"
+        if self.base_policy_version - sample.policy_version > self.max_staleness:
+            return "stale"
+        if (
+            not sample.prompt_token_ids
+            or not sample.completion_token_ids
+            or not sample.behaviour_logprobs
+            or not sample.loss_mask
+            or 1 not in sample.loss_mask
+        ):
+            return "no_tokens"
+        return None
+
+    def admit(self, sample: Sample) -> str | None:
+        """``None`` if the sample is accepted (and now counts as seen), else the reason it was dropped."""
+        reason = self.reason_to_drop(sample)
+        if reason is None:
+            self._seen.add(sample.sample_id)
+            self.counts["accepted"] += 1
+            SAMPLES_ACCEPTED.inc()
+        else:
+            self.counts[reason] += 1
+            SAMPLES_DROPPED.labels(reason=reason).inc()
+        return reason
+
+    def seen(self, sample_id: str) -> bool:
+        """Whether ``sample_id`` was admitted (or given as already trained on)."""
+        return sample_id in self._seen
+
+
+def sample_tokens(sample: Sample) -> int:
+    """The tokens a sample puts through the model: its prompt plus its completion."""
+    return len(sample.prompt_token_ids or ()) + len(sample.completion_token_ids or ())
+
+
+def pack_batches(samples: Sequence[Sample], token_budget: int) -> list[list[Sample]]:
+    """Split ``samples``, in order, into batches whose :func:`sample_tokens` sum to at most ``token_budget``.
+
+    A batch is closed when the next sample would overflow it. A single sample over the budget becomes
+    a batch on its own rather than being dropped: intake already decided it is trainable, and dropping
+    it here would lose it silently (the engine may still refuse it, and then says so).
+    """
+    if token_budget < 1:
+        raise ValueError(f"token_budget {token_budget} must be >= 1")
+    batches: list[list[Sample]] = []
+    current: list[Sample] = []
+    used = 0
+    for sample in samples:
+        size = sample_tokens(sample)
+        if current and used + size > token_budget:
+            batches.append(current)
+            current, used = [], 0
+        current.append(sample)
+        used += size
+    if current:
+        batches.append(current)
+    return batches
