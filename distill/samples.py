@@ -135,6 +135,17 @@ class Sample(BaseModel):
         return self
 
 
+def is_held_out(sample_id: str, percent: int) -> bool:
+    """Whether a sample belongs to the evaluation split: ``percent`` % of ids, chosen by the id's hash.
+
+    The learner never trains on these and the evaluation gate estimates rewards on them, so both import
+    this one predicate. Sample ids are hex digests, so the first 8 digits are uniformly spread.
+    """
+    if not 0 <= percent <= 100:
+        raise ValueError(f"held-out percent must lie in 0..100, not {percent}")
+    return int(sample_id[:8], 16) % 100 < percent
+
+
 def sample_to_json(sample: Sample) -> bytes:
     """Compact UTF-8 JSON in field order; equal samples give equal bytes."""
     return sample.model_dump_json().encode("utf-8")

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, SecretStr
@@ -22,6 +24,7 @@ from pydantic import BaseModel, SecretStr
 from infra.credentials import DevCredentials, ensure_credentials
 from infra.errors import ServiceStartError, ServiceUnavailable
 from infra.kafka_broker import KafkaBroker, kafka_answers
+from infra.keeper import read_state
 from infra.lag import consumer_lag
 from infra.migrations import migrate
 from infra.mlflow_server import MlflowServer, mlflow_answers
@@ -57,6 +60,8 @@ class ComponentSpec:
     env: Mapping[str, str] = field(default_factory=dict)
     lag_group: str | None = None
     lag_topics: Sequence[str] = ()
+    restart: bool = True
+    """Run under :mod:`infra.keeper`, which restarts the process with back-off whenever it dies."""
 
 
 class Stack:
@@ -108,8 +113,12 @@ class Stack:
             ensure_topics(self.endpoints.kafka_bootstrap, self.topics.all())
             mlflow_ok.result()
         for spec in components:
+            argv = list(spec.argv)
+            if spec.restart:
+                argv = [sys.executable, "-m", "infra.keeper", "--state", str(self.keeper_state_path(spec.name)), "--"]
+                argv += spec.argv
             # The component inherits this environment (PATH, ...) with its own settings on top.
-            self.component(spec.name).start(spec.argv, env={**os.environ, **spec.env})
+            self.component(spec.name).start(argv, env={**os.environ, **spec.env})
         for spec in components:
             if spec.health_url is not None:
                 url = spec.health_url
@@ -149,6 +158,15 @@ class Stack:
     def component(self, name: str) -> ManagedProcess:
         return ManagedProcess(name, self.settings.run_dir, self.settings.logs_dir)
 
+    def keeper_state_path(self, name: str) -> Path:
+        """Where the keeper of component ``name`` records its child's pid and restarts."""
+        return self.settings.run_dir / f"{name}.keeper.json"
+
+    def component_child_pid(self, name: str) -> int | None:
+        """The pid of the component's own process under its keeper (what a crash would kill), if running."""
+        state = read_state(self.keeper_state_path(name))
+        return state.child_pid if state is not None and self.component(name).pid() is not None else None
+
     # -- health ----------------------------------------------------------------------------------
 
     def kafka_healthy(self) -> bool:
@@ -182,6 +200,9 @@ class Stack:
             pid = self.component(spec.name).pid()
             healthy = pid is not None and (spec.health_url is None or http_ok(spec.health_url))
             entry: dict[str, Any] = {"healthy": healthy, "url": spec.health_url, "pid": pid}
+            keeper = read_state(self.keeper_state_path(spec.name)) if pid is not None else None
+            if keeper is not None:
+                entry["restarts"] = keeper.restarts
             if spec.lag_group is not None:
                 try:
                     entry["lag"] = consumer_lag(e.kafka_bootstrap, spec.lag_group, spec.lag_topics)
