@@ -1,6 +1,8 @@
 """The distiller: a Faust app that turns live sessions into reward samples.
 
-Three agents, each a stream of its own:
+Two agents, each a stream of its own, each taking its stream in batches (``take_events``): a
+batch reads each table key once and writes it once (``distill.batch``), and its records are sent
+without waiting for each acknowledgement.
 
 1. ``sessionize`` reads the events topic (keyed by session) and a ticks topic with the same
    partitions, and keeps each session's state (``distill.sessions``) in a changelog-backed table.
@@ -8,13 +10,13 @@ Three agents, each a stream of its own:
    the generations whose windows closed, so timers survive restarts: the deadlines live in the table.
    Scored samples go to an internal topic keyed by user.
 2. ``admit`` reads that topic and applies the per-user cap (a table keyed by user, so the cap holds
-   across every session of the user), then publishes admitted samples to the samples topic.
-3. ``archive`` reads the samples topic and stores samples with their lineage in PostgreSQL.
+   across every session of the user), then publishes admitted samples to the samples topic and
+   stores them with their lineage in PostgreSQL (the audit store), batch by batch.
 
 Delivery is at least once, without waiting for each acknowledgement: Faust flushes the producer
 before it commits any offset, so a crash re-reads whatever was not committed. What a re-read cannot
 re-derive (a session already marked final in a local RocksDB table) is covered by the session's
-outbox, published again on the first tick after a start. Repeats carry the same deterministic
+outbox, published again before the first batch after a start. Repeats carry the same deterministic
 ``sample_id`` and every consumer drops them.
 """
 
@@ -28,10 +30,12 @@ from typing import Any
 import faust
 from kafka.partitioner.default import murmur2
 
+from distill import tuning
+from distill.admission import UserAdmissions
+from distill.batch import TableBatch
 from distill.deadlines import DeadlineIndex
-from distill.guards import UserWindow, admit_user
 from distill.metrics import METRICS, render
-from distill.samples import parse_sample, sample_to_json
+from distill.samples import Sample, parse_sample, sample_to_json
 from distill.sessions import Outcome, SessionState, apply_event, apply_tick, expired, settle_outbox
 from distill.settings import DistillSettings
 from distill.sink import AuditSink
@@ -40,7 +44,7 @@ from infra.settings import TopicSpec
 from infra.topics import ensure_topics
 from ingest.dead_letters import DeadLetter
 from ingest.errors import InvalidEvent
-from ingest.events import parse_event
+from ingest.events import Event, parse_event
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +52,9 @@ log = logging.getLogger(__name__)
 # Outbox entries older than this are surely delivered: Faust commits offsets every few seconds
 # (broker_commit_interval) and flushes the producer before each commit.
 SETTLED_AFTER_S = 60.0
+
+SESSIONS_TABLE = "sessions"
+USERS_TABLE = "user-windows"
 
 
 def partition_of(key: bytes, partitions: int) -> int:
@@ -69,73 +76,82 @@ def build_app(settings: DistillSettings, spec: RewardSpec | None = None) -> faus
         topic_replication_factor=1,
         table_standby_replicas=0,
         producer_acks=-1,
+        # Records of one batch leave together: fewer, larger produce requests.
+        producer_linger=settings.producer_linger_s,
+        producer_max_batch_size=1024 * 1024,
         broker_commit_interval=2.8,  # SETTLED_AFTER_S must stay well above this
         web_host=settings.web_host,
         web_bind=settings.web_host,
         web_port=settings.web_port,
         web_in_thread=False,
     )
+    tuning.install(app, settings.fetch_max_wait_s)
     raw: dict[str, Any] = {"key_type": bytes, "value_type": bytes, "key_serializer": "raw", "value_serializer": "raw"}
     ticks_name = f"{settings.app_id}-ticks"
     ticks = app.topic(ticks_name, partitions=settings.partitions, internal=True, **raw)
     source = app.topic(settings.events_topic, ticks_name, **raw)
     scored = app.topic(f"{settings.app_id}-scored", partitions=settings.partitions, internal=True, **raw)
-    samples = app.topic(settings.samples_topic, **raw)
     dlq = app.topic(settings.dlq_topic, **raw)
-    # Tables of JSON documents; a table's changelog partition is that of the event being processed,
-    # so a session's state stays on its events' partition.
-    sessions = app.Table("sessions", key_type=str)
-    users = app.Table("user-windows", key_type=str)
+    # Tables of JSON bytes, stored as they are; a key's changelog partition is that of the event that
+    # brought it (see distill.batch), so a session's state stays on its events' partition.
+    sessions = app.Table(SESSIONS_TABLE, key_type=bytes, value_type=bytes)  # bytes: the "raw" codec
+    users = app.Table(USERS_TABLE, key_type=bytes, value_type=bytes)
+    batch_size, within = settings.batch_max_events, settings.batch_max_wait_s
 
-    async def publish(outcome: Outcome, state: SessionState) -> None:
-        """Hand the outcome's samples on and record late feedback; the caller saves state after."""
-        for sample in outcome.samples:
-            await scored.send(key=sample.user_id.encode(), value=sample_to_json(sample))
-        if outcome.late:
-            await sink.record_late(outcome.late, state.finalised)
-        METRICS.samples_scored.inc(len(outcome.samples))
-        METRICS.session_capped.inc(len(outcome.capped))
-        METRICS.late_feedback.inc(len(outcome.late))
-        for sample in outcome.samples:
-            METRICS.deferrals.labels(str(sample.policy_version)).inc(int(sample.deferral))
-            METRICS.invalid_tool_calls.labels(str(sample.policy_version)).inc(sample.invalid_tool_calls)
-            METRICS.generations.labels(str(sample.policy_version)).inc()
+    async def send(topic: str, key: bytes, value: bytes) -> None:
+        """Hand a record to Faust's producer, past the topic and channel machinery (and its per-record
+        futures and callbacks); the producer is what Faust flushes before it commits any offset."""
+        await app.producer.send(topic, key, value, partition=None, timestamp=None, headers=None)
 
-    async def on_event(key: bytes | None, value: bytes, partition: int) -> None:
+    async def publish(outcomes: list[tuple[Outcome, SessionState]]) -> None:
+        """Hand the batch's samples on, without waiting for acknowledgements, and record late feedback."""
+        late: list[tuple[Event, str | None]] = []
+        for outcome, state in outcomes:
+            for sample in outcome.samples:
+                await send(scored.get_topic_name(), sample.user_id.encode(), sample_to_json(sample))
+                METRICS.deferrals.labels(str(sample.policy_version)).inc(int(sample.deferral))
+                METRICS.invalid_tool_calls.labels(str(sample.policy_version)).inc(sample.invalid_tool_calls)
+                METRICS.generations.labels(str(sample.policy_version)).inc()
+            late += [(event, state.finalised.get(str(_generation_id(event)))) for event in outcome.late]
+            METRICS.samples_scored.inc(len(outcome.samples))
+            METRICS.session_capped.inc(len(outcome.capped))
+            METRICS.late_feedback.inc(len(outcome.late))
+        await sink.record_late(late)
+
+    async def on_event(
+        batch: TableBatch[SessionState], event: Any, outcomes: list[tuple[Outcome, SessionState]]
+    ) -> None:
+        key: bytes | None = event.key
         try:
-            event = parse_event(value)
+            parsed = parse_event(event.value)
         except InvalidEvent as exc:
-            letter = DeadLetter.of(value, exc.reason, "distill", field=exc.field)
+            letter = DeadLetter.of(event.value, exc.reason, "distill", field=exc.field)
             await (await dlq.send(key=key, value=letter.to_json()))
             METRICS.dead_letters.inc()
             return
-        session = key.decode() if key else event.session_id
-        state = SessionState.load(sessions.get(session))
+        session = key or parsed.session_id.encode()
+        state = batch.get(session, event)
         wall = time.time()
-        outcome = apply_event(state, event, spec, wall)
+        outcome = apply_event(state, parsed, spec, wall)
         settle_outbox(state, wall, SETTLED_AFTER_S)
         METRICS.events.inc()
         METRICS.duplicates.inc(int(outcome.duplicate))
         METRICS.privacy_dropped.inc(int(outcome.private))
-        await publish(outcome, state)
-        sessions[session] = state.dump()
-        deadlines.update(session, partition, state)
+        outcomes.append((outcome, state))
+        deadlines.update(session, event.message.partition, state)
 
-    async def on_tick(partition: int) -> None:
-        if not deadlines.built:
-            await recover()
+    def on_tick(batch: TableBatch[SessionState], event: Any, outcomes: list[tuple[Outcome, SessionState]]) -> None:
+        partition = event.message.partition
         now = datetime.now(UTC)
         wall = now.timestamp()
         for key in deadlines.due(partition, wall):
-            state = SessionState.load(sessions.get(key))
-            outcome = apply_tick(state, now, spec)
-            await publish(outcome, state)
+            state = batch.get(key, event)
+            outcomes.append((apply_tick(state, now, spec), state))
             settle_outbox(state, wall, SETTLED_AFTER_S)
             if expired(state, wall, spec):
-                del sessions[key]
+                batch.delete(key)
                 deadlines.forget(key, partition)
             else:
-                sessions[key] = state.dump()
                 deadlines.update(key, partition, state)
 
     async def recover() -> None:
@@ -144,10 +160,10 @@ def build_app(settings: DistillSettings, spec: RewardSpec | None = None) -> faus
         sends, so it needs no partition's event context)."""
         for key, value in list(sessions.items()):
             state = SessionState.load(value)
-            deadlines.update(key, partition_of(key.encode(), settings.partitions), state)
+            deadlines.update(key, partition_of(key, settings.partitions), state)
             for sample_json, _ in state.outbox.values():
                 sample = parse_sample(sample_json)
-                await scored.send(key=sample.user_id.encode(), value=sample_json.encode())
+                await send(scored.get_topic_name(), sample.user_id.encode(), sample_json.encode())
             METRICS.samples_republished.inc(len(state.outbox))
         deadlines.built = True
 
@@ -157,11 +173,20 @@ def build_app(settings: DistillSettings, spec: RewardSpec | None = None) -> faus
 
     @app.agent(source)
     async def sessionize(stream: Any) -> None:
-        async for event in stream.events():
-            if event.message.topic == ticks_name:
-                await on_tick(event.message.partition)
-            else:
-                await on_event(event.key, event.value, event.message.partition)
+        async for events in stream.take_events(batch_size, within=within):
+            if not deadlines.built:
+                await recover()  # before this batch reads the table: it sees what was there at the start
+            batch = TableBatch(sessions, SessionState.load, SessionState.dump)
+            outcomes: list[tuple[Outcome, SessionState]] = []
+            for event in events:
+                if event.message.topic == ticks_name:
+                    on_tick(batch, event, outcomes)
+                else:
+                    await on_event(batch, event, outcomes)
+            await publish(outcomes)
+            # Samples first, then the state that says they were published: a crash in between re-reads
+            # the batch (its offsets are not committed) and the outbox covers what a re-read cannot.
+            batch.write()
 
     @app.timer(interval=settings.tick_interval_s, on_leader=True)  # type: ignore[untyped-decorator]
     async def tick() -> None:
@@ -171,33 +196,25 @@ def build_app(settings: DistillSettings, spec: RewardSpec | None = None) -> faus
 
     @app.agent(scored)
     async def admit(stream: Any) -> None:
-        async for event in stream.events():
-            sample = parse_sample(event.value)
-            entry = users.get(sample.user_id) or {}
-            recent: list[str] = entry.get("admitted_ids", [])
-            if sample.sample_id in recent:
-                # A repeat (an outbox published again after a start) was admitted already: pass it on
-                # without spending the user's cap on it twice.
-                await samples.send(key=sample.sample_id.encode(), value=event.value)
-                METRICS.samples_published.inc()
-                continue
-            previous = UserWindow.model_validate(entry["window"]) if "window" in entry else None
-            admitted, window = admit_user(previous, sample.generated_at, spec.guards)
-            if admitted:
-                # No wait for the acknowledgement: Faust flushes the producer before it commits the
-                # offset of this record, so a crash re-reads the record and publishes the sample again.
-                await samples.send(key=sample.sample_id.encode(), value=event.value)
-                METRICS.samples_published.inc()
-                recent = [*recent, sample.sample_id][-spec.guards.max_samples_per_user_per_window :]
-            else:
-                METRICS.user_capped.inc()
-            users[sample.user_id] = {"window": window.model_dump(mode="json"), "admitted_ids": recent}
-
-    @app.agent(samples)
-    async def archive(stream: Any) -> None:
         await sink.record_spec(spec)
-        async for batch in stream.take(500, within=0.2):
-            await sink.write_samples([parse_sample(value) for value in batch])
+        async for events in stream.take_events(batch_size, within=within):
+            batch = TableBatch(users, UserAdmissions.load, UserAdmissions.dump)
+            admitted: list[Sample] = []
+            for event in events:
+                sample = parse_sample(event.value)
+                if batch.get(sample.user_id.encode(), event).admit(sample, spec.guards):
+                    # No wait for the acknowledgement: Faust flushes the producer before it commits the
+                    # offset of this record, so a crash re-reads the record and publishes the sample again.
+                    await send(settings.samples_topic, sample.sample_id.encode(), event.value)
+                    admitted.append(sample)
+                else:
+                    METRICS.user_capped.inc()
+            # The audit store gets what the samples topic gets, in the same batch: a crash before the
+            # batch's offsets are committed re-admits it (repeats pass the cap again, and the database
+            # keeps one row per sample id), so neither can miss a sample the other has for long.
+            await sink.write_samples(admitted)
+            METRICS.samples_published.inc(len(admitted))
+            batch.write()
 
     @app.page("/healthz")
     async def healthz(web: Any, request: Any) -> Any:
@@ -212,11 +229,29 @@ def build_app(settings: DistillSettings, spec: RewardSpec | None = None) -> faus
     return app
 
 
+def _generation_id(event: Event) -> Any:
+    return event.payload.generation_id  # type: ignore[union-attr]  # only feedback events are late
+
+
 def internal_topics(settings: DistillSettings) -> list[TopicSpec]:
-    """The app's own topics, co-partitioned with the events topic; provisioned before the worker starts."""
+    """The app's own topics, co-partitioned with the events topic; provisioned before the worker starts.
+
+    The tables' changelogs are among them: Faust would create them itself at start, but its consumer
+    may not see a topic created that late in time for the first write to it (the write then fails).
+    """
+    changelogs = [
+        TopicSpec(
+            name=f"{settings.app_id}-{table}-changelog",
+            partitions=settings.partitions,
+            retention_ms=-1,
+            cleanup_policy="compact",
+        )
+        for table in (SESSIONS_TABLE, USERS_TABLE)
+    ]
     return [
         TopicSpec(name=f"{settings.app_id}-ticks", partitions=settings.partitions, retention_ms=3600_000),
         TopicSpec(name=f"{settings.app_id}-scored", partitions=settings.partitions),
+        *changelogs,
     ]
 
 
@@ -226,6 +261,9 @@ def main() -> None:
     ensure_topics(settings.bootstrap, internal_topics(settings))
     app = build_app(settings)
     worker = faust.Worker(app, loglevel="warning")
+    # Faust's terminal spinner sets the root logger to DEBUG to spin on every record: every debug call
+    # of Faust and aiokafka (several per record sent) would then build a log record to throw away.
+    worker.spinner = None
     worker.execute_from_commandline()
 
 

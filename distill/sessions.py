@@ -25,13 +25,20 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, PrivateAttr
 
 from distill.guards import admit_session, dedupe_key
 from distill.reward import final_at, is_late, score
 from distill.samples import FinalisedBy, Sample, sample_to_json
 from distill.spec import RewardSpec
-from ingest.events import Event, GenerationEvent, SessionEndedEvent, SessionStartedEvent, event_to_json, parse_event
+from ingest.events import (
+    EVENT_ADAPTER,
+    Event,
+    GenerationEvent,
+    SessionEndedEvent,
+    SessionStartedEvent,
+    event_to_json,
+)
 
 MAX_ORPHANS = 1000
 """Most feedback events a session holds for generations it has not seen yet."""
@@ -45,6 +52,36 @@ class PendingGeneration(BaseModel):
     generation: str = Field(description="The generation event, as JSON.")
     feedback: list[str] = Field(default_factory=list, description="Its feedback events, as JSON.")
     final_at: AwareDatetime
+    # The same events already parsed, where this process saw them arrive: a session that starts and
+    # ends within one batch is scored without parsing its events a second time.
+    _generation: GenerationEvent | None = PrivateAttr(default=None)
+    _feedback: list[Event] | None = PrivateAttr(default=None)
+
+    @classmethod
+    def arrived(cls, event: GenerationEvent, spec: RewardSpec) -> PendingGeneration:
+        """A generation that has just arrived (parsed), waiting for feedback until its longest window closes."""
+        pending = cls(generation=event_to_json(event).decode(), final_at=final_at(event, spec))
+        pending._generation = event
+        return pending
+
+    def generation_event(self) -> GenerationEvent:
+        """The generation event (parsed from ``generation`` on first use after a load)."""
+        if self._generation is None:
+            event = stored_event(self.generation)
+            assert isinstance(event, GenerationEvent)
+            self._generation = event
+        return self._generation
+
+    def feedback_events(self) -> list[Event]:
+        """The feedback events, in arrival order (parsed from ``feedback`` on first use after a load)."""
+        if self._feedback is None:
+            self._feedback = [stored_event(raw) for raw in self.feedback]
+        return self._feedback
+
+    def add_feedback(self, event: Event, raw: str) -> None:
+        """Count one more feedback event; ``raw`` is its JSON."""
+        self.feedback_events().append(event)
+        self.feedback.append(raw)
 
 
 class SessionState(BaseModel):
@@ -65,14 +102,24 @@ class SessionState(BaseModel):
     )
     touched_at: float = Field(default=0.0, description="Wall-clock time of the last event (for expiry).")
 
-    def dump(self) -> dict[str, Any]:
-        """The state as a JSON document (the table's value)."""
-        return self.model_dump(mode="json")
+    def dump(self) -> bytes:
+        """The state as compact JSON bytes (the table's value, stored as is)."""
+        return self.model_dump_json().encode()
 
     @classmethod
-    def load(cls, data: dict[str, Any] | None) -> SessionState:
-        """The state from its JSON document; a session never seen starts empty."""
-        return cls() if not data else cls.model_validate(data)
+    def load(cls, data: bytes | None) -> SessionState:
+        """The state from its JSON bytes; a session never seen starts empty."""
+        return cls() if not data else cls.model_validate_json(data)
+
+
+def stored_event(raw: str | bytes) -> Event:
+    """An event this module stored, from its JSON.
+
+    Every stored event passed :func:`ingest.events.parse_event` on its way in and was written back by
+    :func:`ingest.events.event_to_json`, so the contract's model validates it directly, without the
+    checks for hostile input that the ingest parser makes (depth, duplicate keys, size).
+    """
+    return EVENT_ADAPTER.validate_json(raw)
 
 
 @dataclass
@@ -113,7 +160,7 @@ def apply_event(state: SessionState, event: Event, spec: RewardSpec, now: float)
     if isinstance(event, SessionEndedEvent):
         state.ended = event_to_json(event).decode()
         for generation_id in list(state.pending):
-            _finalise(state, generation_id, spec, outcome, now)
+            _finalise(state, generation_id, spec, outcome, now, event)
         return outcome
     if isinstance(event, GenerationEvent):
         _add_generation(state, event, spec, outcome, now)
@@ -123,11 +170,10 @@ def apply_event(state: SessionState, event: Event, spec: RewardSpec, now: float)
         outcome.late.append(event)
     elif generation_id in state.pending:
         pending = state.pending[generation_id]
-        generation = _generation(pending)
-        if is_late(generation, event, spec):
+        if is_late(pending.generation_event(), event, spec):
             outcome.late.append(event)
         else:
-            pending.feedback.append(event_to_json(event).decode())
+            pending.add_feedback(event, event_to_json(event).decode())
     elif len(state.orphans) < MAX_ORPHANS:
         state.orphans.append(event_to_json(event).decode())
     return outcome
@@ -172,27 +218,34 @@ def _add_generation(
     matching: list[str] = []
     others: list[str] = []
     for raw in state.orphans:
-        (matching if str(_generation_id(parse_event(raw))) == generation_id else others).append(raw)
+        (matching if str(_generation_id(stored_event(raw))) == generation_id else others).append(raw)
     state.orphans = others
-    pending = PendingGeneration(generation=event_to_json(event).decode(), final_at=final_at(event, spec))
+    pending = PendingGeneration.arrived(event, spec)
     for raw in matching:
-        feedback = parse_event(raw)
+        feedback = stored_event(raw)
         if is_late(event, feedback, spec):
             outcome.late.append(feedback)
         else:
-            pending.feedback.append(raw)
+            pending.add_feedback(feedback, raw)
     state.pending[generation_id] = pending
     if state.ended is not None:
         _finalise(state, generation_id, spec, outcome, now)
 
 
-def _finalise(state: SessionState, generation_id: str, spec: RewardSpec, outcome: Outcome, now: float) -> None:
+def _finalise(
+    state: SessionState,
+    generation_id: str,
+    spec: RewardSpec,
+    outcome: Outcome,
+    now: float,
+    ended: Event | None = None,
+) -> None:
     pending = state.pending.pop(generation_id)
-    generation = _generation(pending)
-    ended = parse_event(state.ended) if state.ended else None
+    generation = pending.generation_event()
+    if ended is None and state.ended:
+        ended = stored_event(state.ended)
     assert ended is None or isinstance(ended, SessionEndedEvent)
-    feedback = [parse_event(raw) for raw in pending.feedback]
-    sample = score(generation, feedback, spec, finalised_by(generation, ended, spec))
+    sample = score(generation, pending.feedback_events(), spec, finalised_by(generation, ended, spec))
     state.finalised[generation_id] = sample.sample_id
     admitted, state.admitted = admit_session(state.admitted, spec.guards)
     if admitted:
@@ -200,12 +253,6 @@ def _finalise(state: SessionState, generation_id: str, spec: RewardSpec, outcome
         state.outbox[generation_id] = (sample_to_json(sample).decode(), now)
     else:
         outcome.capped.append(sample)
-
-
-def _generation(pending: PendingGeneration) -> GenerationEvent:
-    event = parse_event(pending.generation)
-    assert isinstance(event, GenerationEvent)
-    return event
 
 
 def _generation_id(event: Any) -> Any:

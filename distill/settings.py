@@ -29,6 +29,18 @@ class DistillSettings(LiveloopSettings):
     data_dir: Path = Field(default=Path(".liveloop/distill"), description="Faust's local state (RocksDB).")
     web_port: int = Field(default=6066, ge=1, le=65535, description="/healthz and /metrics.")
     web_host: str = "127.0.0.1"
+    batch_max_events: int = Field(
+        default=1000, ge=1, le=100_000, description="Most records an agent takes from its stream at once."
+    )
+    batch_max_wait_s: float = Field(
+        default=0.01, gt=0, le=5, description="Longest an agent waits to fill a batch (adds to sample latency)."
+    )
+    producer_linger_s: float = Field(
+        default=0.005, ge=0, le=1, description="How long the producer holds records to send them together."
+    )
+    fetch_max_wait_s: float = Field(
+        default=0.05, gt=0, le=1.5, description="Longest the broker holds a fetch of the app's consumer for new data."
+    )
     tick_interval_s: float = Field(default=1.0, gt=0, le=60, description="How often closed windows are finalised.")
     spec_path: Path | None = Field(default=None, description="Reward spec YAML; the packaged default if unset.")
     tokenizer: str | None = Field(default=None, description="The served model's tokenizer, named in each sample.")

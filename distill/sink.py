@@ -65,15 +65,16 @@ class AuditSink:
                 "INSERT INTO sample_events (sample_id, event_id) VALUES (%s, %s) ON CONFLICT DO NOTHING", lineage
             )
 
-    async def record_late(self, events: Sequence[Event], sample_ids: dict[str, str]) -> None:
-        """Record feedback that came after its generation was final (it changed nothing)."""
-        if not events:
+    async def record_late(self, late: Sequence[tuple[Event, str | None]]) -> None:
+        """Record feedback that came after its generation was final (it changed nothing), each with the
+        id of its generation's sample (``None`` when a guard held the sample back)."""
+        if not late:
             return
         pool = await self._open()
         rows = []
-        for event in events:
+        for event, sample_id in late:
             generation_id = str(event.payload.generation_id)  # type: ignore[union-attr]
-            rows.append((event.event_id, generation_id, sample_ids.get(generation_id), event.type))
+            rows.append((event.event_id, generation_id, sample_id, event.type))
         async with pool.connection() as conn, conn.cursor() as cur:
             await cur.executemany(
                 "INSERT INTO late_feedback (event_id, generation_id, sample_id, type) VALUES (%s, %s, %s, %s)"

@@ -28,9 +28,9 @@ from collections.abc import Iterator, Mapping
 from datetime import date
 from importlib import resources
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Self
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from distill.errors import InvalidRewardSpec
 from ingest.payloads import Identifier
@@ -144,6 +144,7 @@ class RewardSpec(SpecModel):
     windows_s: Windows
     surface_normalisation: dict[Identifier, SurfaceNormalisation] = Field(default_factory=dict)
     guards: Guards
+    _spec_hash: str | None = PrivateAttr(default=None)
 
     @model_validator(mode="after")
     def _coherent(self) -> RewardSpec:
@@ -193,10 +194,18 @@ class RewardSpec(SpecModel):
     def spec_hash(self) -> str:
         """SHA-256 hex of :meth:`canonical_json`; the same on every run, platform and Python version.
 
-        Computed on each access rather than cached: ``model_copy`` would carry a cached hash over to
-        a copy whose fields differ.
+        Computed once per object (the spec is frozen; the distiller asks once per sample).
+        :meth:`model_copy` gives a copy that computes its own, since its fields may differ.
         """
-        return hashlib.sha256(self.canonical_json()).hexdigest()
+        if self._spec_hash is None:
+            self._spec_hash = hashlib.sha256(self.canonical_json()).hexdigest()
+        return self._spec_hash
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
+        """A copy (see pydantic's ``model_copy``) that does not carry this spec's hash over."""
+        copied = super().model_copy(update=update, deep=deep)
+        copied._spec_hash = None
+        return copied
 
 
 def load_spec(path: str | Path | None = None) -> RewardSpec:

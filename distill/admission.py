@@ -1,0 +1,46 @@
+"""The per-user cap as the admit stage applies it: one small state per user.
+
+The admit stage sees every scored sample once more (a repeat after a restart, too), keyed by user.
+:class:`UserAdmissions` is the value of its table: the user's sliding window
+(:func:`distill.guards.admit_user`) and the ids of the samples it admitted lately, so that a repeat
+is passed on again without spending the user's cap twice.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from distill.guards import UserWindow, admit_user
+from distill.samples import Sample
+from distill.spec import Guards
+
+
+class UserAdmissions(BaseModel):
+    """One user's admission state: the sliding window and the samples admitted lately."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    window: UserWindow | None = None
+    admitted_ids: list[str] = Field(default_factory=list, description="The newest admitted sample ids, oldest first.")
+
+    def admit(self, sample: Sample, guards: Guards) -> bool:
+        """Whether the sample goes on to the samples topic; updates the state.
+
+        A sample admitted before (published again from an outbox after a start) is passed on again
+        and spends nothing; any other counts against the user's cap (:func:`distill.guards.admit_user`).
+        """
+        if sample.sample_id in self.admitted_ids:
+            return True
+        admitted, self.window = admit_user(self.window, sample.generated_at, guards)
+        if admitted:
+            self.admitted_ids = [*self.admitted_ids, sample.sample_id][-guards.max_samples_per_user_per_window :]
+        return admitted
+
+    def dump(self) -> bytes:
+        """The state as compact JSON bytes (the table's value)."""
+        return self.model_dump_json().encode()
+
+    @classmethod
+    def load(cls, data: bytes | None) -> UserAdmissions:
+        """The state from its JSON bytes; a user never seen starts empty."""
+        return cls() if not data else cls.model_validate_json(data)

@@ -1,0 +1,85 @@
+"""Table access for a batch of stream events: each key read once, written once, on its own partition.
+
+The distiller's agents take their streams in batches (``stream.take_events``), because a Faust table
+write is a changelog record: per event, a session of four events would write its whole state four
+times. A :class:`TableBatch` holds the values a batch touches in memory, reads each from the table on
+first use and writes each back once when the batch is done.
+
+Faust decides a table key's partition (its changelog partition, and which local RocksDB it lives
+in) from the event being processed (``faust.current_event()``); inside a batch that is not the
+event a key came with, so every read and write here runs under the event that brought the key,
+which keeps a key's state on its events' partition as per-event processing did.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from faust import streams
+
+V = TypeVar("V")
+
+# Faust keeps the event being processed in this context variable (set by its stream iterator, read by
+# ``faust.current_event()`` and by the tables); there is no public setter.
+_CURRENT_EVENT = streams._current_event
+
+
+@dataclass
+class _Entry(Generic[V]):
+    value: V | None  # None: deleted
+    event: Any  # the event that brought the key: its partition is the key's
+    stored: bool  # whether the table holds the key (before this batch, or written in it)
+
+
+class TableBatch(Generic[V]):
+    """The values of ``table`` (raw bytes) touched by one batch, decoded by ``load`` and encoded by ``dump``.
+
+    ``load(None)`` is the value of a key the table does not hold.
+    """
+
+    def __init__(self, table: Any, load: Callable[[bytes | None], V], dump: Callable[[V], bytes]) -> None:
+        self._table = table
+        self._load = load
+        self._dump = dump
+        self._entries: dict[bytes, _Entry[V]] = {}
+
+    def get(self, key: bytes, event: Any) -> V:
+        """The key's current value: read from the table under ``event`` the first time the batch asks."""
+        entry = self._entries.get(key)
+        if entry is None:
+            token = _CURRENT_EVENT.set(weakref.ref(event))
+            try:
+                raw = self._table.get(key)
+            finally:
+                _CURRENT_EVENT.reset(token)
+            value = self._load(raw)
+            self._entries[key] = _Entry(value, event, raw is not None)
+            return value
+        if entry.value is None:  # deleted earlier in this batch: the table will not hold it
+            entry.value = self._load(None)
+        return entry.value
+
+    def delete(self, key: bytes) -> None:
+        """Remove the key (read with :meth:`get` before) when the batch is written."""
+        self._entries[key].value = None
+
+    def write(self) -> int:
+        """Write every touched key back to the table, once each; return how many records that made."""
+        written = 0
+        for key, entry in self._entries.items():
+            if entry.value is None and not entry.stored:
+                continue
+            token = _CURRENT_EVENT.set(weakref.ref(entry.event))
+            try:
+                if entry.value is not None:
+                    self._table[key] = self._dump(entry.value)
+                else:
+                    del self._table[key]
+            finally:
+                _CURRENT_EVENT.reset(token)
+            written += 1
+        self._entries.clear()
+        return written
