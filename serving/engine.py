@@ -14,9 +14,11 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from serving.errors import ServingError
 
-class EngineError(Exception):
-    """Root of the engine errors."""
+
+class EngineError(ServingError):
+    """Root of the engine errors (a :class:`~serving.errors.ServingError`)."""
 
 
 class LoadFailed(EngineError):
@@ -83,3 +85,6 @@ class Engine(ABC):
         self, prompts: list[str], params: SamplingParams, policy_version: int | None = None
     ) -> list[Generation]:
         """Complete each prompt with ``policy_version`` (the default when None); blocking, thread-safe."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook, a no-op for engines that hold nothing to release
+        """Stop background threads and free every loaded version; the engine is unusable afterwards."""

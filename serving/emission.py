@@ -1,0 +1,126 @@
+"""Who asked (session, user, tenant, surface) and the ``generation`` event every completion becomes.
+
+Request headers, and the defaults when one is missing:
+
+- ``X-Liveloop-Session``: the session id. Default ``gateway-<generation_id>`` of the request's first
+  choice: a request without one is a session of its own. The canary router sees ``None`` then.
+- ``X-Liveloop-User``: the pseudonymous user id. Default the OpenAI body's ``user`` field, else
+  ``ServingSettings.default_user`` (``anonymous``).
+- ``X-Liveloop-Tenant``: default ``ServingSettings.default_tenant`` (``default``).
+- ``X-Liveloop-Surface``: where the output is shown, e.g. ``ide.tab``. Default
+  ``ServingSettings.default_surface`` (``api``).
+- ``X-Liveloop-Privacy-Mode: true``: the event is marked privacy mode; the SDK drops it unsent.
+
+A header that the event contract would refuse (control characters, too long, a bad tenant name) is
+refused with 400 before anything runs, so that emission can never be the part that fails.
+
+Emission never blocks or fails a response: :meth:`GenerationEmitter.emit` hands the event to the
+ingest SDK (one append to its on-disk journal; a thread sends it to Kafka) and only counts and logs
+whatever goes wrong there.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+from typing import Any, Protocol
+from uuid import UUID
+
+from ingest.events import TENANT_PATTERN, GenerationEvent
+from ingest.payloads import MAX_ID_CHARS, GenerationPayload
+from serving.engine import Generation
+from serving.errors import InvalidRequest
+from serving.metrics import GatewayMetrics
+from serving.settings import ServingSettings
+
+log = logging.getLogger(__name__)
+
+_ID = re.compile(r"^[^\x00-\x1F\x7F]+$")
+_TENANT = re.compile(TENANT_PATTERN)
+_SURFACE = re.compile(r"^[a-z][a-z0-9_.-]{0,63}$")
+
+
+class EventSink(Protocol):
+    """Where events go: :class:`ingest.client.Client` (``emit`` journals and returns at once)."""
+
+    def emit(self, event: Any) -> bool: ...
+
+
+@dataclass(frozen=True)
+class RequestContext:
+    """The caller of one request, from its headers (see the module docstring)."""
+
+    session_id: str | None
+    user_id: str
+    tenant: str
+    surface: str
+    privacy_mode: bool
+
+    @classmethod
+    def from_headers(cls, headers: Any, body_user: str | None, settings: ServingSettings) -> RequestContext:
+        """Read and check the liveloop headers; InvalidRequest names a bad one."""
+        session = headers.get("x-liveloop-session")
+        user = headers.get("x-liveloop-user") or body_user or settings.default_user
+        tenant = headers.get("x-liveloop-tenant") or settings.default_tenant
+        surface = headers.get("x-liveloop-surface") or settings.default_surface
+        if session is not None:
+            _check_id("X-Liveloop-Session", session)
+        _check_id("X-Liveloop-User" if headers.get("x-liveloop-user") else "user", user)
+        if not _TENANT.match(tenant):
+            raise InvalidRequest(f"X-Liveloop-Tenant {tenant[:80]!r} must match {TENANT_PATTERN}")
+        if not _SURFACE.match(surface):
+            raise InvalidRequest(f"X-Liveloop-Surface {surface[:80]!r} must be a lower-case name such as 'ide.tab'")
+        privacy = (headers.get("x-liveloop-privacy-mode") or "").strip().lower() in ("1", "true", "yes")
+        return cls(session or None, user, tenant, surface, privacy)
+
+
+def _check_id(name: str, value: str) -> None:
+    if not value or len(value) > MAX_ID_CHARS or not _ID.match(value):
+        raise InvalidRequest(f"{name} {value[:80]!r} must be 1-{MAX_ID_CHARS} printable characters", param=name)
+
+
+class GenerationEmitter:
+    """Turns a served completion into a ``generation`` event and hands it to the SDK, never raising."""
+
+    def __init__(self, sink: EventSink, model_name: str, metrics: GatewayMetrics) -> None:
+        self.sink = sink
+        self.model_name = model_name
+        self.metrics = metrics
+
+    def emit(
+        self,
+        context: RequestContext,
+        session_id: str,
+        generation_id: UUID,
+        prompt: str,
+        generation: Generation,
+        task_kind: str,
+        latency_ms: float,
+    ) -> None:
+        """Emit one generation event; failures are counted in metrics and logged, never raised."""
+        try:
+            payload = GenerationPayload(
+                generation_id=generation_id,
+                model=self.model_name,
+                policy_version=generation.policy_version,
+                prompt=prompt,
+                completion=generation.text,
+                prompt_token_ids=generation.prompt_token_ids,
+                completion_token_ids=generation.token_ids,
+                completion_logprobs=generation.logprobs,
+                latency_ms=latency_ms,
+                surface=context.surface,
+                task_kind=task_kind,
+            )
+            event = GenerationEvent(
+                session_id=session_id,
+                user_id=context.user_id,
+                tenant=context.tenant,
+                privacy_mode=context.privacy_mode,
+                payload=payload,
+            )
+            self.sink.emit(event)
+        except Exception:  # the SDK's BackPressure, a contract violation, a disk error: the answer goes out anyway
+            self.metrics.emit_failures.inc()
+            log.warning("could not emit the generation event %s", generation_id, exc_info=True)

@@ -1,0 +1,305 @@
+"""The evaluation gate: judges a candidate checkpoint against the champion, records and acts on it.
+
+For one announced candidate, in one MLflow run (experiment ``liveloop-gate``):
+
+1. sanity: the candidate's and the champion's folders match their manifests' sha256 and hold no
+   NaN/Inf weight (a failure rejects at once, nothing is loaded);
+2. off-policy reward estimate on held-out logged samples for both (:mod:`serving.offpolicy`: SNIS,
+   truncated weights, paired bootstrap interval of the difference, ESS);
+3. mean KL(candidate || champion) on the held-out sequences and the suite's prompts;
+4. the regression suite, greedy (:mod:`serving.regression`), for both (the champion's rate is reported);
+5. the decision by the :class:`GatePolicy`, recorded in PostgreSQL ``evaluations``, on the run and the
+   model version as tags; ``promote`` and ``reject`` then go through :class:`Promoter` (alias move,
+   ``promotions`` row, event); ``hold`` waits for an operator.
+
+Held-out samples are read from the PostgreSQL ``samples`` table (the archive the distiller writes),
+not from the topic: the table holds every sample for as long as the audit store keeps it and can be
+filtered by the held-out predicate in SQL. The predicate, :func:`is_held_out`, must be the one the
+learner's intake skips, or the gate would score samples the candidate trained on.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import tempfile
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from mlflow import MlflowClient
+from mlflow.exceptions import MlflowException
+
+from distill.samples import Sample, is_held_out, parse_sample
+from infra.registry import CHAMPION, AliasNotSet, Registry, RegistryError
+from learner.manifest import CheckpointAnnouncement, CheckpointManifest
+from learner.publish import PublishError, record_checkpoint
+from serving.errors import ServingError
+from serving.gate_policy import Decision, GateMetrics, GatePolicy, decide
+from serving.offpolicy import compare
+from serving.policy_scores import load_policy_model, log_ratios, mean_kl, usable_for_ope
+from serving.promotion import Promoter
+from serving.regression import Suite, SuiteResult, run_suite
+from serving.sanity import CheckpointRefused, check_checkpoint
+
+EXPERIMENT = "liveloop-gate"
+
+
+class GateError(ServingError):
+    """The gate could not evaluate a candidate (no champion, MLflow/PostgreSQL unreachable); retry later."""
+
+
+@dataclass(frozen=True)
+class GateResult:
+    """What the gate decided about one candidate."""
+
+    evaluation_id: uuid.UUID
+    decision: Decision
+    reasons: list[str]
+    metrics: GateMetrics
+    run_id: str
+    champion_version: int
+    suite: SuiteResult | None
+
+
+class Gate:
+    """Evaluates candidates of one model; see the module docstring for the steps."""
+
+    def __init__(
+        self,
+        *,
+        registry: Registry,
+        dsn: str,
+        promoter: Promoter,
+        policy: GatePolicy,
+        suite: Suite,
+        held_out_percent: int = 10,
+        max_held_out: int = 2000,
+        work_dir: Path | None = None,
+    ) -> None:
+        self.registry = registry
+        self.client: MlflowClient = registry.client
+        self.dsn = dsn
+        self.promoter = promoter
+        self.policy = policy
+        self.suite = suite
+        self.held_out_percent = held_out_percent
+        self.max_held_out = max_held_out
+        self.work_dir = work_dir
+
+    # -- data ------------------------------------------------------------------------------------
+
+    def held_out_samples(self) -> list[Sample]:
+        """The newest held-out samples (at most ``max_held_out``), private ones excluded, oldest first."""
+        # lpad to 16 hex digits makes the bit(64) -> bigint cast read the 8 digits as an unsigned number.
+        query = (
+            "SELECT body FROM samples WHERE ('x' || lpad(substr(sample_id, 1, 8), 16, '0'))::bit(64)::bigint "
+            "%% 100 < %s ORDER BY created_at DESC, sample_id LIMIT %s"
+        )
+        with psycopg.connect(self.dsn) as conn:
+            rows = conn.execute(query, (self.held_out_percent, self.max_held_out)).fetchall()
+        samples = [parse_sample(json.dumps(row[0])) for row in reversed(rows)]
+        return [s for s in samples if not s.privacy_mode and is_held_out(s.sample_id, self.held_out_percent)]
+
+    def reward_by_version(self) -> dict[int, tuple[int, float]]:
+        """policy version -> (samples, mean reward) over every sample: the canary's outcome per arm."""
+        with psycopg.connect(self.dsn) as conn:
+            rows = conn.execute("SELECT policy_version, count(*), avg(reward) FROM samples GROUP BY 1").fetchall()
+        return {int(v): (int(n), float(mean)) for v, n, mean in rows}
+
+    def already_evaluated(self, checkpoint_id: str) -> bool:
+        """Whether an evaluation of this checkpoint is recorded (the gate evaluates a checkpoint once)."""
+        with psycopg.connect(self.dsn) as conn:
+            return (
+                conn.execute("SELECT 1 FROM evaluations WHERE checkpoint_id = %s", (checkpoint_id,)).fetchone()
+                is not None
+            )
+
+    # -- evaluating ------------------------------------------------------------------------------
+
+    def evaluate(self, announcement: CheckpointAnnouncement) -> GateResult:
+        """Evaluate, record and act on one candidate (see the module docstring)."""
+        name = announcement.model_name
+        try:
+            champion_version = int(self.registry.version_by_alias(name, CHAMPION).version)
+        except (AliasNotSet, RegistryError) as exc:
+            raise GateError(f"cannot evaluate {announcement.checkpoint_id}: {exc}") from exc
+        scratch = Path(tempfile.mkdtemp(prefix="liveloop-gate-", dir=self.work_dir))
+        try:
+            return self._evaluate(announcement, champion_version, scratch)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+    def _evaluate(self, a: CheckpointAnnouncement, champion_version: int, scratch: Path) -> GateResult:
+        candidate_dir = self._download(a.model_name, a.model_version, scratch / "candidate")
+        champion_dir = self._download(a.model_name, champion_version, scratch / "champion")
+        problems: list[str] = []
+        manifest: CheckpointManifest | None = None
+        try:
+            manifest = check_checkpoint(candidate_dir)
+            if manifest.checkpoint_id != a.checkpoint_id or manifest.policy_version != a.policy_version:
+                problems.append(
+                    f"model version {a.model_version} holds {manifest.checkpoint_id} "
+                    f"(policy {manifest.policy_version}), "
+                    f"not the announced {a.checkpoint_id} (policy {a.policy_version})"
+                )
+        except CheckpointRefused as exc:
+            problems.append(f"candidate: {exc}")
+        try:
+            check_checkpoint(champion_dir)
+        except CheckpointRefused as exc:
+            problems.append(f"champion v{champion_version}: {exc}")
+        suite_result: SuiteResult | None = None
+        by_version = self.reward_by_version()
+        if problems:
+            metrics = GateMetrics(held_out_samples=0, sanity_ok=False)
+        else:
+            metrics, suite_result = self._measure(candidate_dir, champion_dir)
+        decision, reasons = decide(self.policy, metrics, problems)
+        evaluation_id = uuid.uuid4()
+        run_id = self._log_run(a, champion_version, metrics, decision, reasons, suite_result, by_version)
+        self._record(a, manifest, evaluation_id, champion_version, run_id, metrics, decision, reasons, by_version)
+        if decision == "reject":
+            summary = "gate reject: " + "; ".join(r.removeprefix("FAIL ") for r in reasons if r.startswith("FAIL"))
+        else:
+            summary = f"gate pass (policy {self.policy.version}, evaluation {evaluation_id}, run {run_id})"
+        if decision == "promote":
+            self.promoter.promote(a.model_version, actor="gate", reason=summary, evaluation_id=evaluation_id)
+        elif decision == "reject":
+            self.promoter.reject(a.model_version, actor="gate", reason=summary, evaluation_id=evaluation_id)
+        return GateResult(evaluation_id, decision, reasons, metrics, run_id, champion_version, suite_result)
+
+    def _download(self, name: str, version: int, destination: Path) -> Path:
+        try:
+            return self.registry.download(name, version, destination)
+        except RegistryError as exc:
+            raise GateError(f"cannot fetch {name} v{version} for evaluation: {exc}") from exc
+
+    def _measure(self, candidate_dir: Path, champion_dir: Path) -> tuple[GateMetrics, SuiteResult]:
+        candidate, tokenizer = load_policy_model(candidate_dir)
+        champion, champion_tokenizer = load_policy_model(champion_dir)
+        samples = [s for s in self.held_out_samples() if usable_for_ope(s)]
+        p = self.policy
+        fields: dict[str, Any] = {"held_out_samples": len(samples)}
+        if samples:
+            cmp = compare(
+                log_ratios(candidate, samples),
+                log_ratios(champion, samples),
+                [s.reward for s in samples],
+                clip=p.importance_weight_clip,
+                level=p.ci_level,
+                resamples=p.bootstrap_resamples,
+                seed=p.seed,
+            )
+            fields.update(
+                candidate_reward=cmp.candidate.value,
+                champion_reward=cmp.champion.value,
+                reward_difference=cmp.difference,
+                difference_ci_low=cmp.difference_ci_low,
+                difference_ci_high=cmp.difference_ci_high,
+                candidate_ess=cmp.candidate.ess,
+                champion_ess=cmp.champion.ess,
+            )
+        sequences = [list(s.prompt_token_ids or []) + list(s.completion_token_ids or []) for s in samples[:256]]
+        sequences += [tokenizer(case.prompt, add_special_tokens=False)["input_ids"] for case in self.suite.cases]
+        fields["mean_kl"] = mean_kl(candidate, champion, sequences)
+        suite_result = run_suite(self.suite, candidate, tokenizer)
+        fields["regression_pass_rate"] = suite_result.pass_rate
+        fields["champion_regression_pass_rate"] = run_suite(self.suite, champion, champion_tokenizer).pass_rate
+        return GateMetrics(**fields), suite_result
+
+    # -- recording -------------------------------------------------------------------------------
+
+    def _log_run(
+        self,
+        a: CheckpointAnnouncement,
+        champion_version: int,
+        metrics: GateMetrics,
+        decision: Decision,
+        reasons: list[str],
+        suite: SuiteResult | None,
+        by_version: dict[int, tuple[int, float]],
+    ) -> str:
+        tags = {
+            "liveloop.checkpoint_id": a.checkpoint_id,
+            "liveloop.model_version": str(a.model_version),
+            "liveloop.policy_version": str(a.policy_version),
+            "liveloop.champion_version": str(champion_version),
+            "liveloop.training_run_id": a.run_id,
+            "liveloop.decision": decision,
+            "liveloop.gate_policy_version": self.policy.version,
+            "liveloop.suite": f"{self.suite.name}@{self.suite.version}",
+        }
+        try:
+            experiment = self.client.get_experiment_by_name(EXPERIMENT)
+            experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(EXPERIMENT)
+            run_id: str = self.client.create_run(
+                experiment_id, run_name=f"gate-{a.checkpoint_id}", tags=tags
+            ).info.run_id
+            for key, value in self.policy.model_dump().items():
+                self.client.log_param(run_id, f"policy.{key}", str(value))
+            for key, value in metrics.model_dump().items():
+                if isinstance(value, int | float) and math.isfinite(float(value)):
+                    self.client.log_metric(run_id, key, float(value))
+            for version, (count, mean) in by_version.items():
+                self.client.log_metric(run_id, f"reward_mean.policy_{version}", mean)
+                self.client.log_metric(run_id, f"sample_count.policy_{version}", float(count))
+            self.client.log_dict(run_id, {"decision": decision, "reasons": reasons}, "decision.json")
+            if suite is not None:
+                self.client.log_dict(run_id, suite.model_dump(), "regression.json")
+            self.client.set_terminated(run_id, "FINISHED")
+            for key, value in {
+                "liveloop.gate_decision": decision,
+                "liveloop.gate_run_id": run_id,
+                "liveloop.gate_champion_version": str(champion_version),
+            }.items():
+                self.client.set_model_version_tag(a.model_name, str(a.model_version), key, value)
+        except MlflowException as exc:
+            raise GateError(f"recording the evaluation of {a.checkpoint_id} in MLflow failed: {exc}") from exc
+        return run_id
+
+    def _record(
+        self,
+        a: CheckpointAnnouncement,
+        manifest: CheckpointManifest | None,
+        evaluation_id: uuid.UUID,
+        champion_version: int,
+        run_id: str,
+        metrics: GateMetrics,
+        decision: Decision,
+        reasons: list[str],
+        by_version: dict[int, tuple[int, float]],
+    ) -> None:
+        if manifest is not None:
+            try:
+                record_checkpoint(self.dsn, manifest, ())  # normally the learner did; the row must exist
+            except PublishError as exc:
+                raise GateError(f"cannot record checkpoint {a.checkpoint_id}: {exc}") from exc
+        values = {
+            k: (v if not isinstance(v, float) or math.isfinite(v) else None) for k, v in metrics.model_dump().items()
+        }
+        values["reward_by_policy_version"] = {str(v): {"samples": n, "mean": m} for v, (n, m) in by_version.items()}
+        values["gate_policy"] = self.policy.model_dump()
+        try:
+            with psycopg.connect(self.dsn) as conn:
+                conn.execute(
+                    "INSERT INTO evaluations (evaluation_id, checkpoint_id, champion_version, mlflow_run_id, metrics,"
+                    " decision, reasons) VALUES (%s, %s, %s, %s, %s::jsonb, %s, %s::jsonb)",
+                    (
+                        evaluation_id,
+                        a.checkpoint_id,
+                        champion_version,
+                        run_id,
+                        json.dumps(values),
+                        decision,
+                        json.dumps(reasons),
+                    ),
+                )
+        except psycopg.errors.ForeignKeyViolation as exc:
+            raise GateError(
+                f"checkpoint {a.checkpoint_id} is not in the checkpoints table and its manifest failed sanity; "
+                "the learner's publish_checkpoint records it"
+            ) from exc

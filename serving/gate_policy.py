@@ -1,0 +1,124 @@
+"""The gate policy: the thresholds a candidate must meet against the champion, and what a pass does.
+
+A typed, versioned value (YAML/JSON file or defaults). :func:`decide` turns an evaluation's metrics
+into ``promote`` (all checks pass and ``auto_promote``), ``hold`` (all pass, an operator promotes) or
+``reject`` (any check fails), with one reason per check, failed or passed, so the audit row says why.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from serving.documents import read_document
+from serving.errors import ServingError
+
+Decision = Literal["promote", "reject", "hold"]
+
+
+class InvalidGatePolicy(ServingError):
+    """The gate policy file is missing or invalid; the message lists every problem. Fix the file."""
+
+
+class GatePolicy(BaseModel):
+    """Thresholds of the evaluation gate. Every rule compares the candidate with the current champion."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    version: str = Field(default="1", min_length=1, description="Recorded with every decision.")
+    min_reward_improvement: float = Field(
+        default=0.0,
+        description="OPE(candidate) - OPE(champion) must be at least this; negative allows a bounded drop.",
+    )
+    min_improvement_ci_low: float = Field(
+        default=-0.1, description="The lower bound of the difference's confidence interval must be at least this."
+    )
+    max_kl: float = Field(default=1.0, gt=0, description="Most mean per-token KL(candidate || champion), in nats.")
+    min_ess: float = Field(default=10.0, ge=1, description="Fewest effective samples of the candidate's estimate.")
+    min_held_out_samples: int = Field(default=20, ge=1, description="Fewer held-out samples: reject (cannot judge).")
+    min_regression_pass_rate: float = Field(default=1.0, ge=0, le=1, description="Share of suite cases that pass.")
+    auto_promote: bool = Field(default=False, description="True: a pass promotes at once; False: it waits (hold).")
+    importance_weight_clip: float = Field(default=20.0, gt=1, description="Truncation of importance weights.")
+    ci_level: float = Field(default=0.95, gt=0.5, lt=1)
+    bootstrap_resamples: int = Field(default=1000, ge=100, le=100_000)
+    seed: int = Field(default=0, description="Bootstrap seed: the same data gives the same decision.")
+
+
+def load_policy(path: Path) -> GatePolicy:
+    """Read a policy from YAML or JSON."""
+    try:
+        data = read_document(path)
+    except OSError as exc:
+        raise InvalidGatePolicy(f"cannot read gate policy {path}: {exc}") from exc
+    except ValueError as exc:
+        raise InvalidGatePolicy(f"{path} is not a valid gate policy: {exc}") from exc
+    try:
+        return GatePolicy.model_validate(data)
+    except ValidationError as exc:
+        raise InvalidGatePolicy(f"{path} is not a valid gate policy: {exc}") from exc
+
+
+class GateMetrics(BaseModel):
+    """What an evaluation measured; the inputs of :func:`decide` (and the MLflow metrics)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    held_out_samples: int
+    candidate_reward: float = math.nan
+    champion_reward: float = math.nan
+    reward_difference: float = math.nan
+    difference_ci_low: float = math.nan
+    difference_ci_high: float = math.nan
+    candidate_ess: float = 0.0
+    champion_ess: float = 0.0
+    mean_kl: float = math.nan
+    regression_pass_rate: float = 0.0
+    champion_regression_pass_rate: float = math.nan
+    sanity_ok: bool = True
+
+
+def decide(policy: GatePolicy, m: GateMetrics, sanity_problems: list[str] | None = None) -> tuple[Decision, list[str]]:
+    """The decision and one reason per rule (failed rules first, each prefixed 'FAIL' or 'ok')."""
+    checks: list[tuple[bool, str]] = []
+    if sanity_problems:
+        checks += [(False, f"sanity: {problem}") for problem in sanity_problems]
+    else:
+        checks.append(
+            (
+                m.held_out_samples >= policy.min_held_out_samples,
+                f"held-out samples {m.held_out_samples} >= {policy.min_held_out_samples}",
+            )
+        )
+        checks.append(
+            (
+                _ge(m.reward_difference, policy.min_reward_improvement),
+                f"reward {m.candidate_reward:.4f} vs champion {m.champion_reward:.4f}: "
+                f"difference {m.reward_difference:+.4f} >= {policy.min_reward_improvement:+.4f}",
+            )
+        )
+        checks.append(
+            (
+                _ge(m.difference_ci_low, policy.min_improvement_ci_low),
+                f"difference CI low {m.difference_ci_low:+.4f} >= {policy.min_improvement_ci_low:+.4f}",
+            )
+        )
+        checks.append((_ge(m.candidate_ess, policy.min_ess), f"ESS {m.candidate_ess:.1f} >= {policy.min_ess:.1f}"))
+        checks.append((_ge(policy.max_kl, m.mean_kl), f"mean KL {m.mean_kl:.4f} <= {policy.max_kl:.4f}"))
+        checks.append(
+            (
+                _ge(m.regression_pass_rate, policy.min_regression_pass_rate),
+                f"regression pass rate {m.regression_pass_rate:.3f} >= {policy.min_regression_pass_rate:.3f}",
+            )
+        )
+    reasons = [f"FAIL {text}" for ok, text in checks if not ok] + [f"ok {text}" for ok, text in checks if ok]
+    if not all(ok for ok, _ in checks):
+        return "reject", reasons
+    return ("promote" if policy.auto_promote else "hold"), reasons
+
+
+def _ge(value: float, bound: float) -> bool:
+    # NaN (nothing measured) never passes a rule.
+    return not (math.isnan(value) or math.isnan(bound)) and value >= bound

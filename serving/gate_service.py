@@ -1,0 +1,162 @@
+"""The evaluation gate as a service: ``python -m serving.gate_service``.
+
+Follows the checkpoints topic in the consumer group ``group_id`` and evaluates each announced
+candidate once (:class:`serving.gate.Gate`). Offsets are committed after each evaluation is recorded,
+at least once: a crash mid-evaluation evaluates that candidate again, and a candidate that already has
+a row in ``evaluations`` is skipped, so a re-delivered announcement is harmless. A transient failure
+(MLflow or PostgreSQL away) leaves the announcement uncommitted; it is retried after ``retry_s``.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from pathlib import Path
+from typing import Any
+
+from kafka import KafkaConsumer, OffsetAndMetadata
+from pydantic import Field, SecretStr, ValidationError
+from pydantic_settings import SettingsConfigDict
+
+from infra.registry import Registry
+from infra.settings import LiveloopSettings, TopicsSettings
+from learner.manifest import CheckpointAnnouncement
+from serving.errors import ServingError
+from serving.gate import Gate, GateError, GateResult
+from serving.gate_policy import GatePolicy, load_policy
+from serving.promotion import Promoter, PromotionError
+from serving.regression import DEFAULT_SUITE, load_suite
+
+log = logging.getLogger(__name__)
+_TOPIC = r"^[A-Za-z0-9._-]{1,249}$"
+
+
+class GateSettings(LiveloopSettings):
+    """Settings of the evaluation gate service. Env prefix ``LIVELOOP_GATE_``."""
+
+    model_config = SettingsConfigDict(env_prefix="LIVELOOP_GATE_")
+
+    bootstrap: str = Field(default="127.0.0.1:9092", min_length=1, description="Kafka bootstrap servers.")
+    checkpoints_topic: str = Field(
+        default_factory=lambda: TopicsSettings().checkpoints.name, pattern=_TOPIC, description="Announcements in."
+    )
+    promotions_topic: str = Field(
+        default_factory=lambda: TopicsSettings().promotions.name, pattern=_TOPIC, description="Decisions out."
+    )
+    group_id: str = Field(default="liveloop-gate", min_length=1, description="Consumer group of the gate.")
+    dsn: SecretStr = Field(description="PostgreSQL audit store (samples, evaluations, promotions).")
+    mlflow_url: str = Field(default="http://127.0.0.1:5000", min_length=1, description="MLflow tracking URI.")
+    policy_path: Path | None = Field(default=None, description="Gate policy YAML/JSON; unset: GatePolicy defaults.")
+    suite_path: Path = Field(default=DEFAULT_SUITE, description="The regression suite YAML/JSON.")
+    held_out_percent: int = Field(
+        default=10, ge=1, le=50, description="Samples with int(sample_id[:8], 16) % 100 below this are held out."
+    )
+    max_held_out: int = Field(default=2000, ge=10, le=1_000_000, description="Newest held-out samples scored.")
+    work_dir: Path | None = Field(default=None, description="Scratch space for downloads; unset: the system's temp.")
+    poll_timeout_ms: int = Field(default=1000, ge=10, le=60_000)
+    retry_s: float = Field(default=10.0, gt=0, le=3600, description="Wait before retrying after a transient error.")
+
+
+class GateService:
+    """Consumes announcements and runs the gate on each (see the module docstring)."""
+
+    def __init__(self, settings: GateSettings, policy: GatePolicy | None = None) -> None:
+        self.settings = settings
+        self.policy = policy or (load_policy(settings.policy_path) if settings.policy_path else GatePolicy())
+        self.suite = load_suite(settings.suite_path)
+        self.registry = Registry(settings.mlflow_url)
+        self.stopping = threading.Event()
+        self.consumer: Any = KafkaConsumer(
+            settings.checkpoints_topic,
+            bootstrap_servers=settings.bootstrap,
+            group_id=settings.group_id,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            max_poll_records=1,  # an evaluation takes minutes: take one announcement at a time
+            max_poll_interval_ms=3_600_000,
+        )
+
+    def gate_for(self, model_name: str) -> Gate:
+        """The gate of one registered model (announcements name their model)."""
+        s = self.settings
+        promoter = Promoter(
+            registry=self.registry,
+            dsn=s.dsn.get_secret_value(),
+            bootstrap=s.bootstrap,
+            topic=s.promotions_topic,
+            model_name=model_name,
+        )
+        return Gate(
+            registry=self.registry,
+            dsn=s.dsn.get_secret_value(),
+            promoter=promoter,
+            policy=self.policy,
+            suite=self.suite,
+            held_out_percent=s.held_out_percent,
+            max_held_out=s.max_held_out,
+            work_dir=s.work_dir,
+        )
+
+    def run_once(self) -> list[GateResult]:
+        """Poll once and evaluate what came; return the evaluations made now."""
+        results: list[GateResult] = []
+        for tp, records in self.consumer.poll(timeout_ms=self.settings.poll_timeout_ms).items():
+            for record in records:
+                try:
+                    result = self._handle(record.value)
+                except (GateError, PromotionError) as exc:
+                    log.error(
+                        "evaluation of offset %d failed, retrying in %.0fs: %s",
+                        record.offset,
+                        self.settings.retry_s,
+                        exc,
+                    )
+                    self.consumer.seek(tp, record.offset)
+                    self.stopping.wait(self.settings.retry_s)
+                    return results
+                if result is not None:
+                    results.append(result)
+                self.consumer.commit({tp: OffsetAndMetadata(record.offset + 1, "", -1)})
+        return results
+
+    def _handle(self, value: bytes) -> GateResult | None:
+        try:
+            announcement = CheckpointAnnouncement.model_validate_json(value)
+        except ValidationError as exc:
+            log.error("skipping an invalid announcement: %s", exc)
+            return None
+        gate = self.gate_for(announcement.model_name)
+        if gate.already_evaluated(announcement.checkpoint_id):
+            log.info("%s was evaluated before; skipping", announcement.checkpoint_id)
+            return None
+        result = gate.evaluate(announcement)
+        log.info("%s: %s (%s)", announcement.checkpoint_id, result.decision, "; ".join(result.reasons))
+        return result
+
+    def run_forever(self) -> None:
+        """Run until SIGTERM/SIGINT (or :attr:`stopping` is set)."""
+        try:
+            while not self.stopping.is_set():
+                self.run_once()
+        finally:
+            self.consumer.close()
+
+
+def main() -> int:
+    """Entry point of ``python -m serving.gate_service``; exits 2 on invalid settings."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        settings = GateSettings()  # type: ignore[call-arg]  # the DSN comes from the environment
+        service = GateService(settings)
+    except (ValidationError, ServingError) as exc:
+        log.error("invalid gate settings (LIVELOOP_GATE_*), policy or suite:\n%s", exc)
+        return 2
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: service.stopping.set())
+    service.run_forever()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

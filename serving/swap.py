@@ -1,0 +1,353 @@
+"""The hot-swap controller: keeps an engine serving whatever the ``champion`` alias points at.
+
+The alias in MLflow is the source of truth; the promotions topic only says "look now". The
+controller reconciles at start, on every decision event for its model, and every
+``reconcile_interval_s``. A swap is: download the version's folder, check every sha256 of its
+manifest and that every weight is finite, ``engine.load`` it beside the current one (the engine
+warms it up), ``engine.switch`` (atomic). Requests already running finish on the version they
+started with, because the engine resolves a request's version once, when it starts.
+
+A failure at any step keeps the current champion serving, emits a :class:`SwapFailedEvent` on the
+promotions topic and counts ``liveloop_serving_swap_failures_total``; a version refused by a check
+or by the engine is not tried again by this process (download failures are retried next time).
+
+Unloading, decided here: after a switch the previous champion stays loaded (``keep_previous``,
+default on: a tiny or LoRA model costs little, and a rollback is then a switch, no download); any
+other version is unloaded once ``unload_grace_s`` has passed, so that a request routed to it just
+before the switch (e.g. by the canary router) still finds it loaded; the engine's ``unload`` then
+waits for requests still running on it.
+
+Canary: with ``canary_fraction > 0`` the controller also loads the ``candidate`` alias (when it is
+neither the champion nor refused) and hands its policy version to the :class:`CanaryRouter`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import socket
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from infra.registry import CANDIDATE, CHAMPION, AliasNotSet, Registry, RegistryError
+from serving.canary import CanaryRouter
+from serving.engine import Engine, EngineError
+from serving.errors import ServingError
+from serving.promotions_contract import (
+    InvalidPromotionsMessage,
+    PromotionEvent,
+    SwapFailedEvent,
+    message_to_json,
+    parse_message,
+)
+from serving.sanity import CheckpointRefused, check_checkpoint
+from serving.settings import ServingSettings
+
+log = logging.getLogger(__name__)
+Role = Literal["champion", "candidate"]
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """A model version loaded in the engine, with the policy version the engine knows it by."""
+
+    model_version: int
+    policy_version: int
+    folder: Path
+
+
+class SwapController:
+    """Follows the promotions topic and the registry aliases; loads, switches and unloads engine versions."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        registry: Registry,
+        model_name: str,
+        bootstrap: str,
+        promotions_topic: str,
+        work_dir: Path,
+        reconcile_interval_s: float = 30.0,
+        canary_fraction: float = 0.0,
+        keep_previous: bool = True,
+        unload_grace_s: float = 5.0,
+        metrics: CollectorRegistry | None = None,
+    ) -> None:
+        self.engine = engine
+        self.registry = registry
+        self.model_name = model_name
+        self.bootstrap = bootstrap
+        self.topic = promotions_topic
+        self.work_dir = work_dir
+        self.reconcile_interval_s = reconcile_interval_s
+        self.keep_previous = keep_previous
+        self.unload_grace_s = unload_grace_s
+        self.instance = f"{socket.gethostname()}:{os.getpid()}"
+        metrics = metrics if metrics is not None else CollectorRegistry()
+        self.router = CanaryRouter(canary_fraction, metrics)
+        self.champion: Loaded | None = None
+        self.previous: Loaded | None = None
+        self.canary: Loaded | None = None
+        self.refused: set[int] = set()
+        self._retiring: dict[int, tuple[float, Loaded]] = {}  # policy version -> (since, what)
+        self._lock = threading.RLock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._producer: Any = None
+        self.swaps = Counter("liveloop_serving_swaps", "Completed switches of the champion.", registry=metrics)
+        self.failures = Counter(
+            "liveloop_serving_swap_failures", "Versions refused or failed to load.", ["stage"], registry=metrics
+        )
+        self.serving_version = Gauge(
+            "liveloop_serving_champion_policy_version", "The policy version new requests get.", registry=metrics
+        )
+
+    # -- reconciling -----------------------------------------------------------------------------
+
+    def reconcile(self) -> bool:
+        """Bring the engine in line with the aliases; True if the champion changed. Never raises for a bad version."""
+        with self._lock:
+            changed = self._reconcile_champion()
+            if self.router.fraction > 0:
+                self._reconcile_canary()
+            self._unload_retired()
+            return changed
+
+    def _alias(self, alias: str) -> int | None:
+        try:
+            return int(self.registry.version_by_alias(self.model_name, alias).version)
+        except AliasNotSet:
+            return None
+
+    def _reconcile_champion(self) -> bool:
+        try:
+            wanted = self._alias(CHAMPION)
+        except RegistryError as exc:
+            log.warning("cannot read %s@%s, serving on: %s", self.model_name, CHAMPION, exc)
+            return False
+        if wanted is None or wanted in self.refused:
+            return False
+        if self.champion is not None and self.champion.model_version == wanted:
+            return False
+        loaded = self._ensure_loaded(wanted, "champion")
+        if loaded is None:
+            return False
+        self.engine.switch(loaded.policy_version)
+        old, self.champion = self.champion, loaded
+        self.serving_version.set(loaded.policy_version)
+        self.swaps.inc()
+        if self.previous is not None and self.previous.policy_version != loaded.policy_version:
+            self._retire(self.previous)
+        self.previous = old if self.keep_previous else None
+        if old is not None and not self.keep_previous:
+            self._retire(old)
+        if self.canary is not None and self.canary.policy_version == loaded.policy_version:
+            self.router.set_candidate(None)  # the candidate became champion: it is the default now
+            self.canary = None
+        log.info("%s: serving v%d (policy %d)", self.model_name, wanted, loaded.policy_version)
+        return True
+
+    def _reconcile_canary(self) -> None:
+        try:
+            wanted = self._alias(CANDIDATE)
+        except RegistryError as exc:
+            log.warning("cannot read %s@%s: %s", self.model_name, CANDIDATE, exc)
+            return
+        champion = self.champion.model_version if self.champion else None
+        if wanted is None or wanted == champion or wanted in self.refused:
+            if self.canary is not None:
+                self.router.set_candidate(None)
+                self._retire(self.canary)
+                self.canary = None
+            return
+        if self.canary is not None and self.canary.model_version == wanted:
+            return
+        loaded = self._ensure_loaded(wanted, "candidate")
+        if loaded is None:
+            return
+        old, self.canary = self.canary, loaded
+        self.router.set_candidate(loaded.policy_version)
+        if old is not None:
+            self._retire(old)
+
+    def _known(self, model_version: int) -> Loaded | None:
+        for item in (self.champion, self.previous, self.canary, *(entry[1] for entry in self._retiring.values())):
+            if item is not None and item.model_version == model_version:
+                return item
+        return None
+
+    def _ensure_loaded(self, model_version: int, role: Role) -> Loaded | None:
+        known = self._known(model_version)
+        if known is not None and known.policy_version in self.engine.loaded_versions:
+            self._retiring.pop(known.policy_version, None)
+            return known
+        folder = self.work_dir / f"{self.model_name}-v{model_version}-{uuid.uuid4().hex[:8]}"
+        try:
+            files = self.registry.download(self.model_name, model_version, folder)
+        except (RegistryError, OSError) as exc:
+            self._failed(model_version, role, "download", str(exc), refuse=False)
+            shutil.rmtree(folder, ignore_errors=True)
+            return None
+        try:
+            manifest = check_checkpoint(files)
+            if manifest.model_name != self.model_name:
+                raise CheckpointRefused(
+                    f"v{model_version} holds a checkpoint of {manifest.model_name}, not {self.model_name}", "verify"
+                )
+            clash = [v for v in (self.champion, self.canary) if v and v.policy_version == manifest.policy_version]
+            if clash:
+                raise CheckpointRefused(
+                    f"v{model_version} has policy version {manifest.policy_version}, "
+                    f"already served as v{clash[0].model_version}",
+                    "verify",
+                )
+        except CheckpointRefused as exc:
+            self._failed(model_version, role, "verify", str(exc), refuse=True)
+            shutil.rmtree(folder, ignore_errors=True)
+            return None
+        if manifest.policy_version in self.engine.loaded_versions:
+            # Loaded before this controller knew of it (e.g. by the engine's own start-up): adopt it.
+            return Loaded(model_version, manifest.policy_version, folder)
+        try:
+            self.engine.load(files, manifest.policy_version)
+        except (EngineError, ServingError, OSError, ValueError, RuntimeError) as exc:
+            self._failed(model_version, role, "load", str(exc), refuse=True)
+            shutil.rmtree(folder, ignore_errors=True)
+            return None
+        return Loaded(model_version, manifest.policy_version, folder)
+
+    def _failed(
+        self, model_version: int, role: Role, stage: Literal["download", "verify", "load"], error: str, *, refuse: bool
+    ) -> None:
+        log.error("%s v%d (%s) refused at %s: %s", self.model_name, model_version, role, stage, error)
+        self.failures.labels(stage).inc()
+        if refuse:
+            self.refused.add(model_version)
+        event = SwapFailedEvent(
+            model_name=self.model_name,
+            model_version=model_version,
+            role=role,
+            stage=stage,
+            error=error[:4000],
+            serving_model_version=self.champion.model_version if self.champion else None,
+            serving_policy_version=self.champion.policy_version if self.champion else None,
+            instance=self.instance,
+        )
+        try:
+            self._send(event)
+        except Exception as exc:  # the metric and the log still say it; never let reporting stop serving
+            log.error("could not publish swap-failed for v%d: %s", model_version, exc)
+
+    def _retire(self, item: Loaded) -> None:
+        self._retiring[item.policy_version] = (time.monotonic(), item)
+
+    def _unload_retired(self) -> None:
+        keep = {v.policy_version for v in (self.champion, self.previous, self.canary) if v is not None}
+        now = time.monotonic()
+        for version, (since, item) in list(self._retiring.items()):
+            if version in keep:
+                del self._retiring[version]
+            elif now - since >= self.unload_grace_s:
+                del self._retiring[version]
+                with contextlib.suppress(EngineError, ServingError):
+                    self.engine.unload(version)
+                shutil.rmtree(item.folder, ignore_errors=True)
+
+    # -- following the topic ---------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Reconcile once (so the engine serves the champion when this returns), then follow in a thread."""
+        consumer = self._consumer()
+        self.reconcile()
+        self._thread = threading.Thread(target=self._follow, args=(consumer,), name="liveloop-swap", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop following; what is loaded stays loaded."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        if self._producer is not None:
+            with contextlib.suppress(Exception):
+                self._producer.close(timeout=5)
+
+    def _consumer(self) -> Any:
+        # No consumer group: every serving instance reads every decision, from the end (the alias
+        # covers everything before). Positions are resolved now, so no event after start is missed.
+        consumer = KafkaConsumer(bootstrap_servers=self.bootstrap, group_id=None, enable_auto_commit=False)
+        partitions = consumer.partitions_for_topic(self.topic) or {0}
+        assigned = [TopicPartition(self.topic, p) for p in sorted(partitions)]
+        consumer.assign(assigned)
+        consumer.seek_to_end()
+        for tp in assigned:
+            consumer.position(tp)
+        return consumer
+
+    def _follow(self, consumer: Any) -> None:
+        last = time.monotonic()
+        try:
+            while not self._stop.is_set():
+                batches = consumer.poll(timeout_ms=200)
+                wake = False
+                for records in batches.values():
+                    for record in records:
+                        wake |= self._relevant(record.value)
+                if wake or time.monotonic() - last >= self.reconcile_interval_s:
+                    last = time.monotonic()
+                    self._safely(self.reconcile)
+                elif self._retiring:
+                    self._safely(self._unload_due)
+        finally:
+            consumer.close()
+
+    def _unload_due(self) -> None:
+        with self._lock:
+            self._unload_retired()
+
+    def _safely(self, step: Any) -> None:
+        try:
+            step()
+        except Exception:  # the controller must outlive any one bad reconcile; the next tick retries
+            log.exception("reconcile of %s failed; serving on", self.model_name)
+
+    def _relevant(self, value: bytes) -> bool:
+        try:
+            message = parse_message(value)
+        except InvalidPromotionsMessage as exc:
+            log.warning("skipping a promotions message: %s", exc)
+            return False
+        return isinstance(message, PromotionEvent) and message.model_name == self.model_name
+
+    def _send(self, event: SwapFailedEvent) -> None:
+        if self._producer is None:
+            self._producer = KafkaProducer(bootstrap_servers=self.bootstrap, acks="all", retries=5)
+        self._producer.send(self.topic, key=self.model_name.encode(), value=message_to_json(event)).get(timeout=30)
+
+
+def controller_from_settings(
+    engine: Engine, settings: ServingSettings, metrics: CollectorRegistry | None = None
+) -> SwapController:
+    """The swap controller of a gateway, configured by its :class:`ServingSettings` (call ``start()`` on it)."""
+    return SwapController(
+        engine,
+        registry=Registry(settings.mlflow_url),
+        model_name=settings.model_name,
+        bootstrap=settings.bootstrap,
+        promotions_topic=settings.promotions_topic,
+        work_dir=settings.swap_work_dir,
+        reconcile_interval_s=settings.swap_reconcile_interval_s,
+        canary_fraction=settings.canary_fraction,
+        keep_previous=settings.swap_keep_previous,
+        unload_grace_s=settings.swap_unload_grace_s,
+        metrics=metrics,
+    )

@@ -1,0 +1,121 @@
+"""Loading one policy version for the torch engine: full weights or a LoRA adapter, checked and warmed up.
+
+A folder holding ``adapter_config.json`` is a LoRA adapter (peft): it is applied to a fresh copy of
+the base weights (the full-weights folder under the engine's default version) and merged, so the
+versions already serving are never touched and the merged model decodes as fast as the base. Every
+parameter must be finite (NaN/Inf raises LoadFailed), and one short greedy generation must succeed,
+before a version is accepted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from serving.engine import LoadFailed, SamplingParams
+from serving.torch_decode import decode_batch, eos_ids_of
+
+ADAPTER_CONFIG = "adapter_config.json"
+
+
+@dataclass(frozen=True, eq=False)
+class Loaded:
+    """One loaded policy version. ``base_folder`` holds the full weights (the folder itself, or a LoRA's base)."""
+
+    version: int
+    model: Any
+    tokenizer: Any
+    folder: Path
+    base_folder: Path
+    eos_ids: frozenset[int]
+    max_positions: int | None
+
+    def encode(self, prompt: str) -> list[int]:
+        """The prompt's token ids: special tokens as the tokenizer adds them, minus a trailing eos."""
+        ids = list(self.tokenizer(prompt, add_special_tokens=True)["input_ids"])
+        if ids and ids[-1] == self.tokenizer.eos_token_id:
+            ids.pop()
+        return ids
+
+
+def pick_device(device: str) -> torch.device:
+    """``auto`` is cuda where a GPU is present, else cpu."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def pick_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    """``auto`` is float32 on cpu (exact logprobs, fast enough) and bfloat16 on cuda."""
+    if dtype == "auto":
+        return torch.float32 if device.type == "cpu" else torch.bfloat16
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+
+
+def load_version(
+    folder: Path, version: int, base_for_adapter: Callable[[], Path], device: torch.device, dtype: torch.dtype
+) -> Loaded:
+    """Load ``folder`` as ``version``; LoadFailed (naming the folder and the problem) if it cannot serve."""
+    if not folder.is_dir():
+        raise LoadFailed(f"{folder} is not a folder; give the checkpoint's Hugging Face folder")
+    try:
+        if (folder / ADAPTER_CONFIG).exists():
+            base_folder = base_for_adapter()
+            model = _apply_adapter(_from_pretrained(base_folder, device, dtype), folder)
+            tokenizer_folder = folder if _has_tokenizer(folder) else base_folder
+        else:
+            base_folder = folder
+            model = _from_pretrained(folder, device, dtype)
+            tokenizer_folder = folder
+        tokenizer = _load_tokenizer(tokenizer_folder)
+    except LoadFailed:
+        raise
+    except Exception as exc:  # transformers/peft raise OSError, ValueError, KeyError, RuntimeError, ...
+        raise LoadFailed(f"cannot load policy version {version} from {folder}: {exc}") from exc
+    _check_finite(model, folder)
+    max_positions = getattr(model.config, "max_position_embeddings", None)
+    loaded = Loaded(version, model, tokenizer, folder, base_folder, eos_ids_of(model, tokenizer), max_positions)
+    _warm_up(loaded, device)
+    return loaded
+
+
+def _from_pretrained(folder: Path, device: torch.device, dtype: torch.dtype) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    model: Any = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
+    return model.to(device).eval()
+
+
+def _apply_adapter(model: Any, folder: Path) -> Any:
+    from peft import PeftModel
+
+    return PeftModel.from_pretrained(model, folder).merge_and_unload().eval()
+
+
+def _warm_up(loaded: Loaded, device: torch.device) -> None:
+    try:
+        prompt = loaded.encode("Hello") or [loaded.tokenizer.pad_token_id or 0]
+        greedy = SamplingParams(temperature=0.0, max_tokens=2)
+        decode_batch(loaded.model, loaded.tokenizer, [prompt], [greedy], device, loaded.eos_ids)
+    except Exception as exc:
+        raise LoadFailed(f"policy version {loaded.version} from {loaded.folder} fails to generate: {exc}") from exc
+
+
+def _has_tokenizer(folder: Path) -> bool:
+    return (folder / "tokenizer_config.json").exists()
+
+
+def _load_tokenizer(folder: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(folder)
+
+
+def _check_finite(model: Any, folder: Path) -> None:
+    for name, parameter in model.named_parameters():
+        if not bool(torch.isfinite(parameter).all()):
+            raise LoadFailed(f"{folder}: parameter {name} holds NaN or Inf values; the checkpoint is corrupt")

@@ -1,0 +1,200 @@
+"""Benchmark: completions/s through the gateway over HTTP against the same engine called in-process.
+
+The gateway runs as it does in production: ``python -m serving.gateway`` (uvicorn, one worker, the
+torch engine on the CPU with the tiny model, generation events emitted through the SDK to a fresh
+topic of the test stack's broker). A load generator in this process runs CLIENTS threads, each with
+one keep-alive ``httpx`` client, posting ``/v1/completions`` requests (fixed prompts, max_tokens 16,
+greedy) for a fixed time.
+
+Baseline, measured in the same invocation and interleaved run by run: CLIENTS threads calling
+``TorchEngine.generate`` of an engine in this process (same model, same batching settings) with the
+same prompts, and the same torch thread count (``ServingSettings.torch_threads``). The ratio shows
+what HTTP, JSON, authentication and event emission (the SDK's journal and Kafka producer run in the
+gateway's process) cost on top of the engine. Goal: at least 0.8.
+
+On a 2-core machine the load generator's own HTTP client competes for the cores with the gateway,
+and both compete with whatever else runs there: compare runs only on a quiet machine.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import torch
+
+from infra.credentials import ensure_credentials
+from infra.stack import Endpoints
+from learner.tiny_model import save_tiny_model
+from serving.engine import SamplingParams
+from serving.settings import ServingSettings
+from serving.torch_engine import TorchEngine
+from tests.bench.results import write_result
+from tests.conftest import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+CLIENTS = 8
+RUN_S = 6.0
+RUNS = 3
+MAX_TOKENS = 16
+MAX_BATCH = 8
+BATCH_WAIT_MS = 5.0
+MODEL = "liveloop-policy"
+PROMPTS = [
+    f"def {name}(items: list[int]) -> int:\n    # {comment}\n"
+    for name, comment in [
+        ("total", "sum the items"),
+        ("largest", "the biggest item"),
+        ("smallest", "the smallest item"),
+        ("count_even", "how many are even"),
+        ("mean", "the average, 0 when empty"),
+        ("span", "largest minus smallest"),
+        ("first_odd", "the first odd item or -1"),
+        ("product", "multiply them all"),
+    ]
+]
+
+
+def _drive(call: Callable[[int, Any], bool], make_session: Callable[[], Any]) -> tuple[int, float, int]:
+    """Run CLIENTS threads calling ``call(i, session)`` for RUN_S seconds; (completions, seconds, failures)."""
+    done = [0] * CLIENTS
+    failed = [0] * CLIENTS
+    stop_at = time.perf_counter() + RUN_S
+
+    def client(slot: int) -> None:
+        session = make_session()
+        try:
+            i = slot
+            while time.perf_counter() < stop_at:
+                if call(i, session):
+                    done[slot] += 1
+                else:
+                    failed[slot] += 1
+                i += CLIENTS
+        finally:
+            if session is not None:
+                session.close()
+
+    started = time.perf_counter()
+    threads = [threading.Thread(target=client, args=(slot,)) for slot in range(CLIENTS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return sum(done), time.perf_counter() - started, sum(failed)
+
+
+@pytest.fixture
+def model_folder(tmp_path: Path) -> Path:
+    return save_tiny_model(tmp_path / "model")
+
+
+@pytest.fixture
+def gateway(
+    endpoints: Endpoints, make_topic: Callable[..., str], tmp_path: Path, model_folder: Path
+) -> Iterator[dict[str, Any]]:
+    """``python -m serving.gateway`` on a free port serving the tiny model as version 1."""
+    credentials = tmp_path / "credentials.json"
+    key = ensure_credentials(credentials).gateway_key.get_secret_value()
+    port = free_port()
+    env = os.environ | {
+        "LIVELOOP_SERVING_PORT": str(port),
+        "LIVELOOP_SERVING_CREDENTIALS_PATH": str(credentials),
+        "LIVELOOP_SERVING_BOOTSTRAP": endpoints.kafka_bootstrap,
+        "LIVELOOP_SERVING_EVENTS_TOPIC": make_topic(partitions=1),
+        "LIVELOOP_SERVING_SDK_JOURNAL_DIR": str(tmp_path / "journal"),
+        "LIVELOOP_SERVING_MODEL_FOLDER": str(model_folder),
+        "LIVELOOP_SERVING_MODEL_VERSION": "1",
+        "LIVELOOP_SERVING_DEVICE": "cpu",
+        "LIVELOOP_SERVING_MAX_BATCH": str(MAX_BATCH),
+        "LIVELOOP_SERVING_BATCH_WAIT_MS": str(BATCH_WAIT_MS),
+    }
+    url = f"http://127.0.0.1:{port}"
+    log_path = tmp_path / "gateway.log"
+    with log_path.open("wb") as log:
+        process = subprocess.Popen([sys.executable, "-m", "serving.gateway"], cwd=ROOT, env=env, stdout=log, stderr=log)
+    try:
+        deadline = time.monotonic() + 120
+        while not _ready(url):
+            assert process.poll() is None, log_path.read_text()
+            assert time.monotonic() < deadline, "the gateway did not become ready"
+            time.sleep(0.2)
+        yield {"url": url, "key": key}
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def _ready(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/readyz", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def test_gateway_throughput(gateway: dict[str, Any], model_folder: Path) -> None:
+    # The baseline engine runs as the gateway's does: ServingSettings' torch_threads (1) and batching.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(ServingSettings().torch_threads or threads)
+    engine = TorchEngine(device="cpu", max_batch=MAX_BATCH, batch_wait_ms=BATCH_WAIT_MS)
+    engine.load(model_folder, 1)
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
+    headers = {"Authorization": f"Bearer {gateway['key']}"}
+    url = f"{gateway['url']}/v1/completions"
+    bodies = [{"model": MODEL, "prompt": p, "max_tokens": MAX_TOKENS, "temperature": 0} for p in PROMPTS]
+
+    def over_http(i: int, http: httpx.Client) -> bool:
+        response = http.post(url, json=bodies[i % len(bodies)], headers=headers)
+        return response.status_code == 200 and response.json()["liveloop"]["policy_version"] == 1
+
+    def in_process(i: int, _: None) -> bool:
+        return engine.generate([PROMPTS[i % len(PROMPTS)]], params)[0].policy_version == 1
+
+    try:
+        _drive(over_http, lambda: httpx.Client(timeout=60))  # warm up connections and both engines
+        _drive(in_process, lambda: None)
+        measured, baseline, failed = [], [], 0
+        for _ in range(RUNS):
+            done, seconds, failures = _drive(over_http, lambda: httpx.Client(timeout=60))
+            measured.append(done / seconds)
+            failed += failures
+            done, seconds, failures = _drive(in_process, lambda: None)
+            baseline.append(done / seconds)
+            failed += failures
+    finally:
+        engine.close()
+        torch.set_num_threads(threads)
+    write_result(
+        name="gateway_throughput",
+        unit="completions/s",
+        value=statistics.median(measured),
+        baseline_name=f"TorchEngine.generate called in-process by {CLIENTS} threads (same model, prompts, batching)",
+        baseline_value=statistics.median(baseline),
+        goal_ratio=0.8,
+        runs=RUNS,
+        extra={
+            "clients": CLIENTS,
+            "run_s": RUN_S,
+            "max_tokens": MAX_TOKENS,
+            "max_batch": MAX_BATCH,
+            "batch_wait_ms": BATCH_WAIT_MS,
+            "torch_threads": ServingSettings().torch_threads,
+            "runs_completions_per_s": measured,
+            "runs_baseline_completions_per_s": baseline,
+            "failed_requests": failed,
+        },
+    )
+    assert failed == 0

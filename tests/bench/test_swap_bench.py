@@ -1,0 +1,141 @@
+"""Benchmark: hot-swapping the champion under load (tiny model, CPU torch engine, real stack).
+
+Two clients call the engine without pause while the champion is promoted five times; between the
+promotions come equally long steady windows without any swap.
+
+- ``swap_time``: seconds from the promotion (``Promoter.promote``: alias move, history row, event) to
+  the first response served by the new version, median of the five. Baseline: ``engine.load`` +
+  ``switch`` of a folder already on disk (what a swap costs without registry, download and event).
+  Goal: under 5 s (``{"seconds_at_most": 5}``).
+- ``swap_p99_latency``: p99 request latency of requests that overlapped a swap (promotion until 1 s
+  after the switch) against the p99 of the steady windows, which alternate with the swaps. Goal:
+  at most 1.2 times (``{"ratio_at_most": 1.2}``).
+Never asserts on time.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+from infra.migrations import migrate
+from infra.registry import Registry
+from infra.stack import Endpoints
+from serving.engine import SamplingParams
+from serving.promotion import Promoter
+from serving.swap import SwapController
+from serving.torch_engine import TorchEngine
+from tests.bench.results import write_result
+from tests.serving.checkpoints import register, write_checkpoint
+
+SWAPS = 5
+STEADY_S = 3.0
+GREEDY = SamplingParams(temperature=0.0, max_tokens=8)
+
+
+def _p99(values: list[float]) -> float:
+    return statistics.quantiles(values, n=100, method="inclusive")[98]
+
+
+def test_swap_bench(endpoints: Endpoints, fresh_database: str, make_topic: Callable[..., str], tmp_path: Path) -> None:
+    migrate(fresh_database)
+    name = f"bench-swap-{uuid.uuid4().hex[:8]}"
+    topic = make_topic()
+    versions: dict[int, int] = {}
+    for policy in range(SWAPS + 1):
+        write_checkpoint(tmp_path / f"p{policy}", model_name=name, policy_version=policy, seed=policy)
+        versions[register(endpoints.mlflow_url, tmp_path / f"p{policy}", name)] = policy
+    registry = Registry(endpoints.mlflow_url)
+    promoter = Promoter(
+        registry=registry, dsn=fresh_database, bootstrap=endpoints.kafka_bootstrap, topic=topic, model_name=name
+    )
+    promoter.promote(1, actor="bench", reason="start")
+    engine = TorchEngine(device="cpu", max_batch=8, batch_wait_ms=1.0)
+    controller = SwapController(
+        engine,
+        registry=registry,
+        model_name=name,
+        bootstrap=endpoints.kafka_bootstrap,
+        promotions_topic=topic,
+        work_dir=tmp_path / "swap",
+    )
+    controller.start()
+    done: list[tuple[float, float, int]] = []  # (start, end, policy version)
+    stop = threading.Event()
+
+    def client(worker: int) -> None:
+        while not stop.is_set():
+            started = time.monotonic()
+            version = engine.generate([f"bench request {worker}"], GREEDY)[0].policy_version
+            done.append((started, time.monotonic(), version))
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    swap_times: list[float] = []
+    baselines: list[float] = []
+    steady: list[tuple[float, float]] = []
+    swapping: list[tuple[float, float]] = []
+    try:
+        for model_version in range(2, SWAPS + 2):
+            time.sleep(0.5)  # let requests slowed by the previous baseline load end outside the window
+            window = time.monotonic()
+            time.sleep(STEADY_S)
+            steady.append((window, time.monotonic()))
+            policy = versions[model_version]
+            began = time.monotonic()
+            promoter.promote(model_version, actor="bench", reason="bench")
+            while not any(v == policy and end >= began for _, end, v in done[-50:]):
+                time.sleep(0.005)
+            first = min(end for _, end, v in done if v == policy and end >= began)
+            swap_times.append(first - began)
+            time.sleep(1.0)
+            swapping.append((began, time.monotonic()))
+            # Baseline, in the same loop: load + switch of a folder already on disk, no registry or event.
+            extra = 100 + model_version
+            write_checkpoint(tmp_path / f"b{extra}", model_name=name, policy_version=extra, seed=extra)
+            started = time.monotonic()
+            engine.load(tmp_path / f"b{extra}", extra)
+            baselines.append(time.monotonic() - started)
+            engine.unload(extra)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=60)
+        controller.stop()
+        engine.close()
+
+    def latencies(windows: list[tuple[float, float]]) -> list[float]:
+        return [e - s for s, e, _ in done if any(s <= hi and e >= lo for lo, hi in windows)]
+
+    during, calm = latencies(swapping), latencies(steady)
+    write_result(
+        "swap_time",
+        "s",
+        statistics.median(swap_times),
+        "engine.load of a local folder",
+        statistics.median(baselines),
+        None,
+        SWAPS,
+        extra={"goal": {"seconds_at_most": 5.0}, "swap_times_s": swap_times},
+    )
+    write_result(
+        "swap_p99_latency",
+        "ms",
+        _p99(during) * 1000,
+        "p99 latency in steady windows",
+        _p99(calm) * 1000,
+        None,
+        SWAPS,
+        extra={
+            "goal": {"ratio_at_most": 1.2},
+            "requests_during_swaps": len(during),
+            "requests_steady": len(calm),
+            "median_during_ms": statistics.median(during) * 1000,
+            "median_steady_ms": statistics.median(calm) * 1000,
+        },
+    )

@@ -1,0 +1,290 @@
+"""The gateway over a real socket with the official openai client, and its generation events on a real topic."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from infra.credentials import ensure_credentials
+from infra.stack import Endpoints
+from ingest.client import Client, SdkSettings
+from ingest.events import parse_event
+from learner.tiny_model import TinyModelSpec, save_tiny_model
+from serving.engine import SamplingParams
+from serving.gateway import Router, create_app
+from serving.openai_schema import ChatMessage, render_chat
+from serving.settings import ServingSettings
+from serving.torch_engine import TorchEngine
+from tests.conftest import free_port
+from tests.serving.gateway_server import read_events, serve_in_thread
+
+MODEL = "liveloop-policy"
+VERSION = 7
+CANARY = 8
+GREEDY = SamplingParams(temperature=0.0, max_tokens=12)
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TorchEngine]:
+    """A CPU engine serving version 7 by default, with version 8 loaded beside it."""
+    root = tmp_path_factory.mktemp("models")
+    engine = TorchEngine(device="cpu", max_batch=8, batch_wait_ms=5)
+    engine.load(save_tiny_model(root / "v7", TinyModelSpec(seed=7)), VERSION)
+    engine.load(save_tiny_model(root / "v8", TinyModelSpec(seed=8)), CANARY)
+    yield engine
+    engine.close()
+
+
+@dataclass
+class Gateway:
+    url: str
+    key: str
+    topic: str
+    sdk: Client
+    settings: ServingSettings
+    closing: ExitStack
+
+    def client(self, key: str | None = None) -> openai.OpenAI:
+        """An openai client on this gateway, closed (with its connections) when the test ends."""
+        client = openai.OpenAI(base_url=f"{self.url}/v1", api_key=key or self.key, max_retries=0)
+        return self.closing.enter_context(client)
+
+
+@pytest.fixture
+def start_gateway(
+    engine: TorchEngine, endpoints: Endpoints, make_topic: Callable[..., str], tmp_path: Path
+) -> Iterator[Callable[..., Gateway]]:
+    """Start the gateway (uvicorn, a free port) with a fresh events topic; ``start_gateway(router=...)``."""
+    sdk_clients: list[Client] = []
+    servers = ExitStack()
+
+    def start(router: Router | None = None, served: TorchEngine | None = None) -> Gateway:
+        credentials = tmp_path / f"credentials-{len(sdk_clients)}.json"
+        key = ensure_credentials(credentials).gateway_key.get_secret_value()
+        topic = make_topic()
+        settings = ServingSettings(
+            port=free_port(),
+            credentials_path=credentials,
+            bootstrap=endpoints.kafka_bootstrap,
+            events_topic=topic,
+            sdk_journal_dir=tmp_path / f"journal-{len(sdk_clients)}",
+            default_max_tokens=12,
+        )
+        sdk = Client(SdkSettings(bootstrap=settings.bootstrap, topic=topic, journal_dir=settings.sdk_journal_dir))
+        sdk_clients.append(sdk)
+        app = create_app(settings, served or engine, emitter=sdk, router=router)
+        url = servers.enter_context(serve_in_thread(app, settings.port))
+        return Gateway(url, key, topic, sdk, settings, servers)
+
+    with servers:
+        yield start
+    for sdk in sdk_clients:
+        sdk.close()
+
+
+def test_completions_work_with_the_openai_client(start_gateway: Callable[..., Gateway], engine: TorchEngine) -> None:
+    gateway = start_gateway()
+    expected = engine.generate(["def add(a, b):"], GREEDY)[0]
+    raw = gateway.client().completions.with_raw_response.create(
+        model=MODEL, prompt="def add(a, b):", max_tokens=12, temperature=0, logprobs=1
+    )
+    completion = raw.parse()
+    assert raw.headers["x-liveloop-policy-version"] == str(VERSION)
+    assert completion.model_extra is not None
+    liveloop = completion.model_extra["liveloop"]
+    assert liveloop["policy_version"] == VERSION
+    assert liveloop["generation_ids"] == [liveloop["generation_id"]]
+    choice = completion.choices[0]
+    assert choice.text == expected.text
+    assert choice.finish_reason == expected.finish_reason
+    assert choice.logprobs is not None
+    assert choice.logprobs.tokens == [f"token_id:{t}" for t in expected.token_ids]
+    assert choice.logprobs.token_logprobs == pytest.approx(expected.logprobs, abs=1e-4)
+    assert completion.usage is not None
+    assert completion.usage.prompt_tokens == len(expected.prompt_token_ids)
+    assert completion.usage.completion_tokens == len(expected.token_ids)
+
+
+def test_streamed_completions_join_to_the_same_text(start_gateway: Callable[..., Gateway], engine: TorchEngine) -> None:
+    gateway = start_gateway()
+    expected = engine.generate(["The quick brown fox"], GREEDY)[0]
+    stream = gateway.client().completions.create(
+        model=MODEL,
+        prompt="The quick brown fox",
+        max_tokens=12,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == expected.text
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == expected.finish_reason
+    assert chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == len(expected.token_ids)
+    assert {c.model_extra["liveloop"]["policy_version"] for c in chunks if c.model_extra} == {VERSION}
+
+
+def test_chat_completions_work_streamed_and_not(start_gateway: Callable[..., Gateway], engine: TorchEngine) -> None:
+    gateway = start_gateway()
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi!"}]
+    prompt = render_chat([ChatMessage.model_validate(m) for m in messages])
+    assert prompt == "<|system|>\nBe brief.\n<|user|>\nHi!\n<|assistant|>\n"
+    expected = engine.generate([prompt], GREEDY)[0]
+    client = gateway.client()
+    raw = client.chat.completions.with_raw_response.create(
+        model=MODEL, messages=messages, max_tokens=12, temperature=0, logprobs=True
+    )
+    reply = raw.parse()
+    assert raw.headers["x-liveloop-policy-version"] == str(VERSION)
+    assert reply.choices[0].message.role == "assistant"
+    assert reply.choices[0].message.content == expected.text
+    assert reply.choices[0].logprobs is not None
+    assert reply.choices[0].logprobs.content is not None
+    assert [c.logprob for c in reply.choices[0].logprobs.content] == pytest.approx(expected.logprobs, abs=1e-4)
+    assert reply.model_extra is not None
+    assert reply.model_extra["liveloop"]["policy_version"] == VERSION
+    stream = client.chat.completions.create(
+        model=MODEL, messages=messages, max_completion_tokens=12, temperature=0, stream=True
+    )
+    chunks = list(stream)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == expected.text
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert chunks[-1].choices[0].finish_reason == expected.finish_reason
+
+
+def test_a_missing_or_wrong_key_gets_401(start_gateway: Callable[..., Gateway]) -> None:
+    gateway = start_gateway()
+    with pytest.raises(openai.AuthenticationError) as wrong:
+        gateway.client(key="llgk_wrong").completions.create(model=MODEL, prompt="hi", max_tokens=2)
+    assert wrong.value.status_code == 401
+    assert wrong.value.code == "invalid_api_key"
+    with pytest.raises(openai.AuthenticationError):
+        gateway.client(key="llgk_wrong").chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "hi"}]
+        )
+    missing = httpx.post(f"{gateway.url}/v1/completions", json={"model": MODEL, "prompt": "hi"})
+    assert missing.status_code == 401
+    assert missing.headers["www-authenticate"] == "Bearer"
+    assert missing.json()["error"]["code"] == "invalid_api_key"
+    assert httpx.get(f"{gateway.url}/v1/models").status_code == 401
+    models = gateway.client().models.list()
+    assert [m.id for m in models.data] == [MODEL]
+
+
+def test_bad_requests_get_openai_errors(start_gateway: Callable[..., Gateway]) -> None:
+    client = start_gateway().client()
+    with pytest.raises(openai.NotFoundError, match="not served here"):
+        client.completions.create(model="gpt-4", prompt="hi", max_tokens=2)
+    with pytest.raises(openai.BadRequestError, match="temperature"):
+        client.completions.create(model=MODEL, prompt="hi", max_tokens=2, temperature=3)
+    with pytest.raises(openai.BadRequestError, match="echo is not supported"):
+        client.completions.create(model=MODEL, prompt="hi", max_tokens=2, echo=True)
+    with pytest.raises(openai.BadRequestError, match="exceeds the model's context"):
+        client.completions.create(model=MODEL, prompt="y" * 1020, max_tokens=10)
+    with pytest.raises(openai.BadRequestError, match="X-Liveloop-Tenant"):
+        client.completions.create(model=MODEL, prompt="hi", max_tokens=2, extra_headers={"X-Liveloop-Tenant": "Bad!"})
+
+
+def test_every_completion_is_emitted_as_a_generation_event(
+    start_gateway: Callable[..., Gateway], engine: TorchEngine, endpoints: Endpoints
+) -> None:
+    gateway = start_gateway()
+    client = gateway.client()
+    headers = {
+        "X-Liveloop-Session": "s-42",
+        "X-Liveloop-User": "u-7",
+        "X-Liveloop-Tenant": "acme",
+        "X-Liveloop-Surface": "ide.tab",
+    }
+    prompts = ["def add(a, b):", "import numpy as"]
+    several = client.completions.create(
+        model=MODEL, prompt=prompts, n=2, max_tokens=10, temperature=0.8, seed=3, extra_headers=headers
+    )
+    # Choice k is prompt k // 2 with seed 3 + k % 2: the n samples of a prompt differ, and repeat.
+    sampled = [
+        engine.generate([p], SamplingParams(temperature=0.8, max_tokens=10, seed=3 + k))[0]
+        for p in prompts
+        for k in range(2)
+    ]
+    chat = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=8, temperature=0, user="openai-user"
+    )
+    chat_prompt = render_chat([ChatMessage(role="user", content="Hi")])
+    greedy_chat = engine.generate([chat_prompt], SamplingParams(temperature=0, max_tokens=8))[0]
+    assert gateway.sdk.flush(timeout=30)
+    events = [parse_event(e) for e in read_events(endpoints.kafka_bootstrap, gateway.topic, 5)]
+    assert len(events) == 5
+    by_id = {str(e.payload.generation_id): e for e in events}  # type: ignore[union-attr]
+    assert several.model_extra is not None
+    ids = several.model_extra["liveloop"]["generation_ids"]
+    assert len(ids) == 4
+    for k, (choice, expected) in enumerate(zip(several.choices, sampled, strict=True)):
+        event = by_id[ids[k]]
+        payload: Any = event.payload
+        assert event.type == "generation"
+        assert (event.session_id, event.user_id, event.tenant) == ("s-42", "u-7", "acme")
+        assert payload.surface == "ide.tab"
+        assert payload.task_kind == "completion"
+        assert payload.model == MODEL
+        assert payload.policy_version == VERSION
+        assert payload.prompt == prompts[k // 2]
+        assert payload.completion == choice.text == expected.text
+        assert payload.prompt_token_ids == expected.prompt_token_ids
+        assert payload.completion_token_ids == expected.token_ids
+        assert payload.completion_logprobs == pytest.approx(expected.logprobs, abs=1e-4)
+        assert payload.latency_ms > 0
+    assert chat.model_extra is not None
+    event = by_id[chat.model_extra["liveloop"]["generation_id"]]
+    payload = event.payload
+    assert event.user_id == "openai-user"  # the OpenAI 'user' field when there is no X-Liveloop-User
+    assert event.session_id == f"gateway-{chat.model_extra['liveloop']['generation_id']}"
+    assert (event.tenant, payload.surface, payload.task_kind) == ("default", "api", "chat")  # type: ignore[union-attr]
+    assert payload.prompt == chat_prompt  # type: ignore[union-attr]
+    assert payload.completion_token_ids == greedy_chat.token_ids  # type: ignore[union-attr]
+    assert payload.completion_logprobs == pytest.approx(greedy_chat.logprobs, abs=1e-4)  # type: ignore[union-attr]
+
+
+def test_the_router_chooses_the_version_per_session(start_gateway: Callable[..., Gateway], engine: TorchEngine) -> None:
+    gateway = start_gateway(router=lambda session: CANARY if session == "canary-session" else None)
+    client = gateway.client()
+    expected = engine.generate(["Hello"], GREEDY, policy_version=CANARY)[0]
+    canary = client.completions.with_raw_response.create(
+        model=MODEL,
+        prompt="Hello",
+        max_tokens=12,
+        temperature=0,
+        extra_headers={"X-Liveloop-Session": "canary-session"},
+    )
+    assert canary.headers["x-liveloop-policy-version"] == str(CANARY)
+    assert canary.parse().choices[0].text == expected.text
+    other = client.completions.with_raw_response.create(
+        model=MODEL, prompt="Hello", max_tokens=12, temperature=0, extra_headers={"X-Liveloop-Session": "other"}
+    )
+    assert other.headers["x-liveloop-policy-version"] == str(VERSION)
+    metrics = httpx.get(f"{gateway.url}/metrics").text
+    assert 'liveloop_gateway_generations_total{policy_version="8"} 1.0' in metrics
+    assert 'liveloop_gateway_generations_total{policy_version="7"} 1.0' in metrics
+
+
+def test_probes_say_when_a_version_is_loaded(start_gateway: Callable[..., Gateway]) -> None:
+    empty = TorchEngine(device="cpu")
+    try:
+        gateway = start_gateway(served=empty)
+        assert httpx.get(f"{gateway.url}/healthz").status_code == 200
+        assert httpx.get(f"{gateway.url}/readyz").status_code == 503
+        with pytest.raises(openai.InternalServerError) as not_ready:
+            gateway.client().completions.create(model=MODEL, prompt="hi", max_tokens=2)
+        assert not_ready.value.status_code == 503
+        loaded = start_gateway()
+        ready = httpx.get(f"{loaded.url}/readyz")
+        assert ready.status_code == 200
+        assert ready.json() == {"ready": True, "default_version": VERSION, "loaded_versions": [VERSION, CANARY]}
+    finally:
+        empty.close()

@@ -1,0 +1,218 @@
+"""The hot-swap controller against the real broker, MLflow and PostgreSQL, with the torch engine.
+
+- Under load (threads calling the engine without pause), three promotions and one rollback: no
+  request fails, and every response names a policy version that was champion while it ran.
+- A checkpoint whose manifest has a wrong sha256, and one with NaN weights, are refused: the champion
+  keeps serving and a swap-failed event (typed) appears on the promotions topic.
+- Canary: the candidate alias is loaded and a sticky share of sessions is routed to it; a reject stops it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from kafka import KafkaConsumer, TopicPartition
+
+from infra.migrations import migrate
+from infra.registry import CANDIDATE, Registry
+from infra.stack import Endpoints
+from serving.canary import in_canary
+from serving.engine import SamplingParams
+from serving.promotion import Promoter
+from serving.promotions_contract import PromotionEvent, SwapFailedEvent, parse_message
+from serving.swap import SwapController
+from serving.torch_engine import TorchEngine
+from tests.serving.checkpoints import corrupt_manifest_hash, nan_model, register, write_checkpoint
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=6)
+
+
+@dataclass
+class Setup:
+    name: str
+    topic: str
+    registry: Registry
+    promoter: Promoter
+    engine: TorchEngine
+    versions: dict[int, int]  # model version -> policy version
+
+
+@pytest.fixture
+def engine() -> Iterator[TorchEngine]:
+    eng = TorchEngine(device="cpu", max_batch=8, batch_wait_ms=1.0)
+    yield eng
+    eng.close()
+
+
+def _setup(endpoints: Endpoints, dsn: str, topic: str, tmp: Path, engine: TorchEngine, count: int) -> Setup:
+    migrate(dsn)
+    name = f"test-swap-{uuid.uuid4().hex[:8]}"
+    versions = {}
+    for policy in range(count):
+        write_checkpoint(tmp / f"p{policy}", model_name=name, policy_version=policy, seed=policy)
+        versions[register(endpoints.mlflow_url, tmp / f"p{policy}", name)] = policy
+    registry = Registry(endpoints.mlflow_url)
+    promoter = Promoter(registry=registry, dsn=dsn, bootstrap=endpoints.kafka_bootstrap, topic=topic, model_name=name)
+    promoter.promote(1, actor="test", reason="first champion")
+    return Setup(name, topic, registry, promoter, engine, versions)
+
+
+def _controller(s: Setup, endpoints: Endpoints, tmp: Path, **options: float) -> SwapController:
+    return SwapController(
+        s.engine,
+        registry=s.registry,
+        model_name=s.name,
+        bootstrap=endpoints.kafka_bootstrap,
+        promotions_topic=s.topic,
+        work_dir=tmp / "swap",
+        reconcile_interval_s=options.get("reconcile_interval_s", 30.0),
+        canary_fraction=options.get("canary_fraction", 0.0),
+        unload_grace_s=options.get("unload_grace_s", 0.5),
+    )
+
+
+def _wait(condition: Callable[[], bool], what: str, timeout: float = 90.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def _messages(bootstrap: str, topic: str) -> list[PromotionEvent | SwapFailedEvent]:
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False)
+    tp = TopicPartition(topic, 0)
+    consumer.assign([tp])
+    consumer.seek_to_beginning(tp)
+    end = consumer.end_offsets([tp])[tp]
+    found = []
+    while consumer.position(tp) < end:
+        for records in consumer.poll(timeout_ms=1000).values():
+            found += [parse_message(r.value) for r in records]
+    consumer.close()
+    return found
+
+
+def test_three_promotions_and_a_rollback_under_load_drop_nothing(
+    endpoints: Endpoints, fresh_database: str, make_topic: Callable[..., str], tmp_path: Path, engine: TorchEngine
+) -> None:
+    s = _setup(endpoints, fresh_database, make_topic(), tmp_path, engine, count=4)
+    controller = _controller(s, endpoints, tmp_path)
+    controller.start()
+    try:
+        assert engine.default_version == 0
+        # Champion intervals per policy version: [moment its promotion began, moment the next switch was seen].
+        intervals: dict[int, list[list[float]]] = {0: [[0.0, float("inf")]]}
+        results: list[tuple[float, float, int]] = []
+        errors: list[BaseException] = []
+        stop = threading.Event()
+
+        def client(worker: int) -> None:
+            while not stop.is_set():
+                started = time.monotonic()
+                try:
+                    out = engine.generate([f"request {worker}"], GREEDY)
+                except BaseException as exc:  # a test thread must report every failure
+                    errors.append(exc)
+                    return
+                results.append((started, time.monotonic(), out[0].policy_version))
+
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(3)]
+        for thread in threads:
+            thread.start()
+
+        def move(action: Callable[[], PromotionEvent], model_version: int) -> None:
+            policy = s.versions[model_version]
+            before = controller.champion
+            assert before is not None
+            intervals.setdefault(policy, []).append([time.monotonic(), float("inf")])
+            event = action()
+            assert event.to_version == model_version
+            _wait(
+                lambda: controller.champion is not None and controller.champion.model_version == model_version, "swap"
+            )
+            intervals[before.policy_version][-1][1] = time.monotonic()
+            count = len(results)
+            _wait(lambda: len(results) >= count + 5, "requests on the new version")
+
+        for version in (2, 3, 4):
+            move(lambda v=version: s.promoter.promote(v, actor="test", reason=f"to v{v}"), version)
+        move(lambda: s.promoter.rollback(actor="test", reason="back"), 3)
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=60)
+
+        assert errors == []
+        assert {v for _, _, v in results} == {0, 1, 2, 3}
+        for started, ended, version in results:
+            overlaps = [low <= ended and started <= high for low, high in intervals[version]]
+            assert any(overlaps), (version, started, ended, intervals)
+        # The rollback target (v3, policy 2) was still loaded: previous champions stay for instant rollbacks;
+        # older ones are unloaded after the grace period.
+        assert controller.previous is not None
+        assert controller.previous.policy_version == 3
+        _wait(lambda: engine.loaded_versions == [2, 3], "old versions unloaded")
+        assert controller.swaps._value.get() == 5  # the start plus four moves
+    finally:
+        controller.stop()
+
+
+def test_bad_checksum_and_nan_weights_are_refused_and_reported(
+    endpoints: Endpoints, fresh_database: str, make_topic: Callable[..., str], tmp_path: Path, engine: TorchEngine
+) -> None:
+    s = _setup(endpoints, fresh_database, make_topic(), tmp_path, engine, count=1)
+    bad_hash = write_checkpoint(tmp_path / "bad-hash", model_name=s.name, policy_version=1, seed=1)
+    corrupt_manifest_hash(tmp_path / "bad-hash", bad_hash)
+    v_hash = register(endpoints.mlflow_url, tmp_path / "bad-hash", s.name)
+    write_checkpoint(tmp_path / "nan", model_name=s.name, policy_version=2, model=nan_model())
+    v_nan = register(endpoints.mlflow_url, tmp_path / "nan", s.name)
+    controller = _controller(s, endpoints, tmp_path)
+    controller.start()
+    try:
+        for version in (v_hash, v_nan):
+            s.promoter.promote(version, actor="test", reason="should be refused")
+            _wait(lambda v=version: v in controller.refused, f"v{version} refused")
+            assert engine.default_version == 0
+            assert engine.generate(["still serving?"], GREEDY)[0].policy_version == 0
+        assert engine.loaded_versions == [0]
+        assert controller.failures.labels("verify")._value.get() == 2
+    finally:
+        controller.stop()
+    failed = [m for m in _messages(endpoints.kafka_bootstrap, s.topic) if isinstance(m, SwapFailedEvent)]
+    assert [(m.model_version, m.stage, m.role, m.serving_policy_version) for m in failed] == [
+        (v_hash, "verify", "champion", 0),
+        (v_nan, "verify", "champion", 0),
+    ]
+    assert "sha256" in failed[0].error
+    assert "NaN/Inf" in failed[1].error
+
+
+def test_canary_routes_a_sticky_share_of_sessions_to_the_candidate(
+    endpoints: Endpoints, fresh_database: str, make_topic: Callable[..., str], tmp_path: Path, engine: TorchEngine
+) -> None:
+    s = _setup(endpoints, fresh_database, make_topic(), tmp_path, engine, count=2)
+    s.registry.set_alias(s.name, CANDIDATE, 2)
+    controller = _controller(s, endpoints, tmp_path, canary_fraction=0.3, unload_grace_s=0.0)
+    controller.reconcile()
+    assert engine.loaded_versions == [0, 1]
+    assert engine.default_version == 0
+    sessions = [f"session-{i}" for i in range(200)]
+    chosen = {sid: controller.router(sid) for sid in sessions}
+    assert chosen == {sid: (1 if in_canary(sid, 0.3) else None) for sid in sessions}
+    assert 40 <= sum(v == 1 for v in chosen.values()) <= 80  # about 30% of 200
+    assert chosen == {sid: controller.router(sid) for sid in sessions}  # sticky
+    assert controller.router(None) is None
+    canary_session = next(sid for sid, v in chosen.items() if v == 1)
+    assert engine.generate(["hi"], GREEDY, controller.router(canary_session))[0].policy_version == 1
+
+    s.promoter.reject(2, actor="test", reason="canary looked bad")
+    controller.reconcile()
+    assert controller.router(canary_session) is None
+    controller.reconcile()  # the grace period is 0: the canary is unloaded on the next pass
+    assert engine.loaded_versions == [0]
