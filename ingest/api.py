@@ -186,8 +186,8 @@ def create_app(settings: IngestSettings | None = None) -> FastAPI:
         except BrokerUnavailable as exc:
             return unavailable(exc)
         metrics.count(judged)
-        body = {"results": judged.results, "accepted": judged.accepted, "rejected": judged.rejected}
-        return answer(200 if verdict.is_batch or judged.accepted else 422, body)
+        status = 200 if verdict.is_batch or judged.accepted else 422
+        return Response(verdict.body, status_code=status, media_type=_JSON)
 
     @app.post("/v1/events")
     async def post_events(request: Request) -> Response:

@@ -29,6 +29,7 @@ from uuid import UUID
 
 from pydantic import ValidationError
 
+from ingest.api_fast import validate_clean_body
 from ingest.dead_letters import MAX_RAW_BYTES, DeadLetter
 from ingest.decoding import invalid_from, json_type, load_json
 from ingest.errors import EventTooLarge, InvalidEvent, UnsupportedSchemaVersion
@@ -68,6 +69,10 @@ class Judgement:
     rejected_by_class: Counter[str] = field(default_factory=Counter)
     redactions: Counter[str] = field(default_factory=Counter)
 
+    def answer(self) -> bytes:
+        """The JSON body of the API's answer: per-item results and the counts."""
+        return json.dumps({"results": self.results, "accepted": self.accepted, "rejected": self.rejected}).encode()
+
 
 @dataclass(frozen=True, slots=True)
 class Limits:
@@ -95,10 +100,18 @@ class Verdict:
     kind: str = ""
     """Reason class of a whole-body rejection."""
     letter: DeadLetter | None = None
+    body: bytes = b""
+    """The answer's JSON body when ``judged`` is set (made here, so a worker process does that work too)."""
 
 
 def judge_body(raw: bytes, tenant: str, limits: Limits) -> Verdict:
     """Decode ``raw`` and judge its items: the whole request's CPU work, in one call without I/O."""
+    clean = validate_clean_body(raw, tenant, limits.max_items)
+    if clean is not None:
+        events, is_batch = clean
+        judged = _judge_clean(events, limits.record_limit)
+        if judged is not None:
+            return Verdict(judged=judged, is_batch=is_batch, body=judged.answer())
     try:
         items, is_batch = decode_body(raw, limits.max_items)
     except BodyTooLarge as exc:
@@ -109,7 +122,7 @@ def judge_body(raw: bytes, tenant: str, limits: Limits) -> Verdict:
             status=400, kind="malformed", letter=dead_letter(raw, exc.reason, tenant=tenant, keep=limits.dlq_keep)
         )
     judged = judge_items(items, tenant, record_limit=limits.record_limit, dlq_raw_limit=limits.dlq_keep)
-    return Verdict(judged=judged, is_batch=is_batch)
+    return Verdict(judged=judged, is_batch=is_batch, body=judged.answer())
 
 
 def reason_class(error: InvalidEvent) -> str:
@@ -173,31 +186,47 @@ def judge_items(items: list[object], tenant: str, *, record_limit: int, dlq_raw_
             _reject(judged, index, item, reason, "event_id", "duplicate", tenant, dlq_raw_limit)
             continue
         seen.add(event.event_id)
-        if event.privacy_mode:
-            # Acknowledged so that the product does not retry, but never written anywhere.
-            judged.results.append(
-                {"index": index, "status": "accepted", "event_id": str(event.event_id), "stored": False}
-            )
-            judged.accepted += 1
-            judged.privacy_dropped += 1
-            continue
-        redacted, counts = redact_event(event)
-        if counts:
-            judged.redactions.update(counts)
-        key = event.session_id.encode("utf-8")
-        # The model's own serializer writes the same bytes as event_to_json, several times faster.
-        value = type(redacted).__pydantic_serializer__.to_json(redacted)
-        if len(key) + len(value) > record_limit:
-            reason = (
-                f"event is {len(key) + len(value)} bytes once serialised, over the events topic's record limit of "
-                f"{record_limit} (LIVELOOP_INGEST_MAX_MESSAGE_BYTES); truncate the prompt, completion or trajectory"
-            )
-            _reject(judged, index, item, reason, None, "too_large", tenant, dlq_raw_limit)
-            continue
-        judged.records.append((key, value))
-        judged.results.append({"index": index, "status": "accepted", "event_id": str(event.event_id)})
-        judged.accepted += 1
+        too_large = _accept(judged, index, event, record_limit)
+        if too_large is not None:
+            _reject(judged, index, item, too_large, None, "too_large", tenant, dlq_raw_limit)
     return judged
+
+
+def _judge_clean(events: list[Event], record_limit: int) -> Judgement | None:
+    """:func:`judge_items` for events the fast path validated; ``None`` if one is too large once serialised."""
+    judged = Judgement()
+    for index, event in enumerate(events):
+        if _accept(judged, index, event, record_limit) is not None:
+            return None  # rare: the exact path rejects it, with the item's own bytes in the dead letter
+    return judged
+
+
+def _accept(judged: Judgement, index: int, event: Event, record_limit: int) -> str | None:
+    """Acknowledge a valid event: privacy-mode ones only counted, the rest redacted and serialised.
+
+    Returns the reason when the event is too large for the events topic (nothing is recorded then).
+    """
+    if event.privacy_mode:
+        # Acknowledged so that the product does not retry, but never written anywhere.
+        judged.results.append({"index": index, "status": "accepted", "event_id": str(event.event_id), "stored": False})
+        judged.accepted += 1
+        judged.privacy_dropped += 1
+        return None
+    redacted, counts = redact_event(event)
+    key = event.session_id.encode("utf-8")
+    # The model's own serializer writes the same bytes as event_to_json, several times faster.
+    value = type(redacted).__pydantic_serializer__.to_json(redacted)
+    if len(key) + len(value) > record_limit:
+        return (
+            f"event is {len(key) + len(value)} bytes once serialised, over the events topic's record limit of "
+            f"{record_limit} (LIVELOOP_INGEST_MAX_MESSAGE_BYTES); truncate the prompt, completion or trajectory"
+        )
+    if counts:
+        judged.redactions.update(counts)
+    judged.records.append((key, value))
+    judged.results.append({"index": index, "status": "accepted", "event_id": str(event.event_id)})
+    judged.accepted += 1
+    return None
 
 
 def validate_item(item: object, tenant: str) -> Event:

@@ -31,7 +31,7 @@ from pydantic_settings import SettingsConfigDict
 from infra.settings import LiveloopSettings
 from ingest.errors import BrokerUnavailable
 from ingest.events import Event, event_to_json, parse_event
-from ingest.journal import Journal, Position, Record
+from ingest.journal import Journal, Position
 from ingest.redaction import redact_event
 
 log = logging.getLogger(__name__)
@@ -143,6 +143,7 @@ class Client:
                 batch_size=256 * 1024,
                 # Never block the sender for long: a broker that is away is retried from the journal.
                 max_block_ms=2000,
+                bootstrap_timeout_ms=2000,  # the default (30 s) kept a closed client's thread connecting
                 reconnect_backoff_max_ms=2000,
             )
         except KafkaError as exc:
@@ -150,7 +151,7 @@ class Client:
 
     def _run(self) -> None:
         position = self.journal.cursor
-        inflight: collections.deque[tuple[Record, Any]] = collections.deque()
+        inflight = _Inflight()
         last_sync = time.monotonic()
         backoff = 0.1
         while True:
@@ -176,43 +177,49 @@ class Client:
                 break
         self._drop_producer(timeout=2)
 
-    def _pump(self, position: Position, inflight: collections.deque[tuple[Record, Any]]) -> Position:
+    def _pump(self, position: Position, inflight: _Inflight) -> Position:
         """Send what the journal holds past ``position`` and collect acknowledgements; return the new position."""
-        topic = self.settings.topic
-        records = self.journal.read(position, max_records=2000)
-        for record in records:
-            while len(inflight) >= self.settings.max_in_flight:
+        topic, limit, send = self.settings.topic, self.settings.max_in_flight, self._producer.send
+        chunk = self.journal.read_chunk(position, max_records=2000)
+        futures, segments, ends, segment = inflight.futures, inflight.segments, inflight.ends, chunk.segment
+        for key, value, end in zip(chunk.keys, chunk.values, chunk.ends, strict=True):
+            while len(futures) >= limit:
                 self._settle(inflight, block=True)
-            future = self._producer.send(topic, key=record.key, value=record.value)
-            inflight.append((record, future))
-            position = record.end
+            futures.append(send(topic, key=key, value=value))
+            segments.append(segment)
+            ends.append(end)
+        if chunk.ends:
+            position = Position(segment, chunk.ends[-1])
+        elif segment != position.segment:
+            position = Position(segment, 0)  # its own segment is read to the end: wait in the next one
         self._settle(inflight, block=False)
-        if not records:
-            if inflight:
+        if not chunk.ends:
+            if futures:
                 self._settle(inflight, block=True)
             elif not self._stopping.is_set():
                 self.journal.wait_appended(position, timeout=0.2)
         return position
 
-    def _settle(self, inflight: collections.deque[tuple[Record, Any]], block: bool) -> None:
+    def _settle(self, inflight: _Inflight, block: bool) -> None:
         """Acknowledge the delivered prefix of ``inflight``; raise on the first failed send."""
-        if block and inflight and not inflight[0][1].is_done:
-            inflight[0][1].get(timeout=30)  # raises the send's error, handled by the caller's rewind
+        futures = inflight.futures
+        if block and futures and not futures[0].is_done:
+            futures[0].get(timeout=30)  # raises the send's error, handled by the caller's rewind
         delivered = 0
-        last: Record | None = None
-        while inflight and inflight[0][1].is_done:
-            record, future = inflight[0]
-            if future.failed():
-                raise future.exception
-            inflight.popleft()
+        while futures and futures[0].is_done:
+            if futures[0].failed():
+                raise futures[0].exception
+            futures.popleft()
             delivered += 1
-            last = record
-        if last is not None:
-            self.journal.acknowledge(last.end, persist=False)
+        if delivered:
+            for _ in range(delivered - 1):
+                inflight.segments.popleft()
+                inflight.ends.popleft()
+            self.journal.acknowledge(Position(inflight.segments.popleft(), inflight.ends.popleft()), persist=False)
             with self._stats_lock:
                 self.stats.delivered += delivered
 
-    def _rewind(self, inflight: collections.deque[tuple[Record, Any]]) -> Position:
+    def _rewind(self, inflight: _Inflight) -> Position:
         """After a failure, resend from the first unacknowledged record (repeats are dropped by event_id)."""
         self._drop_producer(timeout=0)
         inflight.clear()
@@ -225,3 +232,24 @@ class Client:
                 producer.close(timeout=timeout)
             except Exception:  # closing a broken producer may fail in many ways; it is gone either way
                 log.debug("liveloop SDK: closing the producer failed", exc_info=True)
+
+
+class _Inflight:
+    """Records sent but not yet acknowledged, oldest first: their futures and where each ends in the journal.
+
+    Parallel deques of the producer's futures and of plain ints, rather than one tuple per record,
+    so that the garbage collector has no extra object per event in flight to look at.
+    """
+
+    __slots__ = ("ends", "futures", "segments")
+
+    def __init__(self) -> None:
+        self.futures: collections.deque[Any] = collections.deque()
+        self.segments: collections.deque[int] = collections.deque()
+        self.ends: collections.deque[int] = collections.deque()
+
+    def clear(self) -> None:
+        """Forget every record in flight (they are resent from the journal)."""
+        self.futures.clear()
+        self.segments.clear()
+        self.ends.clear()

@@ -281,7 +281,9 @@ def parse_event(data: bytes | bytearray | str | Mapping[str, Any]) -> Event:
 
 def event_to_json(event: Event) -> bytes:
     """Serialise an event as compact UTF-8 JSON, keys in model order, timestamps in UTC."""
-    return EVENT_ADAPTER.dump_json(event)
+    # The event class's own serializer writes the same bytes as EVENT_ADAPTER.dump_json without
+    # dispatching on the union first, several times faster; the SDK serialises every event here.
+    return type(event).__pydantic_serializer__.to_json(event)
 
 
 def _check_size(size: int) -> None:

@@ -27,6 +27,7 @@ from typing import NamedTuple
 from ingest.errors import BackPressure, JournalError
 
 _HEADER = struct.Struct(">IIH")
+_READ_BYTES = 1 << 20  # per read of a segment: a few thousand events, not the whole segment
 _SUFFIX = ".seg"
 
 
@@ -42,6 +43,20 @@ class Record(NamedTuple):
     end: Position
     key: bytes
     value: bytes
+
+
+class Chunk(NamedTuple):
+    """Consecutive records of one segment, as parallel lists: no object per record but its bytes.
+
+    The sender reads every event through here; one tuple per record (and two positions) made the
+    garbage collector's work grow with the events in flight.
+    """
+
+    segment: int
+    keys: list[bytes]
+    values: list[bytes]
+    ends: list[int]
+    """Offset just past each record, in ``segment``."""
 
 
 def _segment_name(number: int) -> str:
@@ -64,6 +79,7 @@ class Journal:
             raise JournalError(f"journal {directory} is in use by another client; give each its own folder") from exc
         self._mutex = threading.Lock()
         self.appended = threading.Condition(self._mutex)
+        self._idle_readers = 0
         segments = self._segments()
         self._cursor = self._load_cursor(segments)
         if not segments:
@@ -103,17 +119,17 @@ class Journal:
             os.truncate(path, offset)
         return offset
 
+    # Reading one attribute is atomic and Positions are immutable: no lock, so that the sender never
+    # waits for an emitting thread that holds the lock across its write.
     @property
     def cursor(self) -> Position:
         """The first record not yet acknowledged."""
-        with self._mutex:
-            return self._cursor
+        return self._cursor
 
     @property
     def end(self) -> Position:
         """Just past the last record appended."""
-        with self._mutex:
-            return self._end
+        return self._end
 
     def pending(self) -> bool:
         """True while some appended record is not acknowledged."""
@@ -135,7 +151,11 @@ class Journal:
         """Block until something is appended past ``position``, or ``timeout`` passes."""
         with self.appended:
             if self._end <= position:
-                self.appended.wait(timeout=timeout)
+                self._idle_readers += 1
+                try:
+                    self.appended.wait(timeout=timeout)
+                finally:
+                    self._idle_readers -= 1
 
     def wake(self) -> None:
         """Wake every waiter (used when the client stops)."""
@@ -163,7 +183,8 @@ class Journal:
                 self._roll()
             os.write(self._write_fd, frame)
             self._end = Position(self._end.segment, self._end.offset + len(frame))
-            self.appended.notify_all()
+            if self._idle_readers:  # only a reader waiting in wait_appended needs waking
+                self.appended.notify_all()
             return self._end
 
     def _roll(self) -> None:
@@ -181,32 +202,56 @@ class Journal:
 
     def read(self, start: Position, max_records: int = 2000) -> list[Record]:
         """Records from ``start`` (a record boundary) on, at most ``max_records``, never past the end."""
-        end = self.end
         records: list[Record] = []
         position = start
-        while len(records) < max_records and position < end:
-            path = self.directory / _segment_name(position.segment)
-            limit = end.offset if position.segment == end.segment else path.stat().st_size
-            if position.offset >= limit:
-                position = Position(self._next_segment(position.segment), 0)
+        while len(records) < max_records:
+            chunk = self.read_chunk(position, max_records - len(records))
+            if not chunk.ends:
+                break
+            offset = position.offset if position.segment == chunk.segment else 0
+            for key, value, end in zip(chunk.keys, chunk.values, chunk.ends, strict=True):
+                records.append(Record(Position(chunk.segment, offset), Position(chunk.segment, end), key, value))
+                offset = end
+            position = Position(chunk.segment, chunk.ends[-1])
+        return records
+
+    def read_chunk(self, start: Position, max_records: int = 2000) -> Chunk:
+        """Records from ``start`` (a record boundary) on, in one segment, at most ``max_records``.
+
+        Empty when nothing was appended past ``start``; moves on to the next segment when ``start``
+        is the end of its own.
+        """
+        end = self.end
+        segment, position, want = start.segment, start.offset, _READ_BYTES
+        chunk = Chunk(segment, [], [], [])
+        while start < end:
+            path = self.directory / _segment_name(segment)
+            limit = end.offset if segment == end.segment else path.stat().st_size
+            if position >= limit:
+                segment, position = self._next_segment(segment), 0
+                start = Position(segment, 0)
+                chunk = Chunk(segment, [], [], [])
                 continue
             with open(path, "rb") as fh:
-                fh.seek(position.offset)
-                data = fh.read(min(limit - position.offset, 8 << 20))
-            offset = 0
-            while len(records) < max_records and offset + _HEADER.size <= len(data):
+                fh.seek(position)
+                data = fh.read(min(limit - position, want))
+            offset, size = 0, len(data)
+            keys, values, ends = chunk.keys, chunk.values, chunk.ends
+            while len(ends) < max_records and offset + _HEADER.size <= size:
                 value_len, _, key_len = _HEADER.unpack_from(data, offset)
-                body_start = offset + _HEADER.size
-                body_end = body_start + key_len + value_len
-                if body_end > len(data):
+                key_end = offset + _HEADER.size + key_len
+                body_end = key_end + value_len
+                if body_end > size:
                     break  # the rest of this record is in the next read
-                key = data[body_start : body_start + key_len]
-                value = data[body_start + key_len : body_end]
-                start_pos = Position(position.segment, position.offset + offset)
-                records.append(Record(start_pos, Position(position.segment, position.offset + body_end), key, value))
+                keys.append(data[offset + _HEADER.size : key_end])
+                values.append(data[key_end:body_end])
+                ends.append(position + body_end)
                 offset = body_end
-            position = Position(position.segment, position.offset + offset)
-        return records
+            if offset == 0 and size >= _HEADER.size and len(ends) < max_records:
+                want = body_end  # the first record is larger than one read: read it whole
+                continue
+            break
+        return chunk
 
     def _next_segment(self, segment: int) -> int:
         later = [n for n in self._segments() if n > segment]

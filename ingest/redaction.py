@@ -38,7 +38,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 from functools import cache, partial
-from typing import Any, TypeVar
+from typing import Any, TypeVar, get_args
 
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
@@ -57,6 +57,7 @@ from ingest.secret_rules import (
     random_token_spans,
     secret_value,
 )
+from ingest.secret_screen import may_hold_secret
 
 PLACEHOLDER = "[REDACTED:{kind}]"
 """Format of the text that replaces a secret; ``kind`` names the detector."""
@@ -69,8 +70,17 @@ def placeholder(kind: str) -> str:
 
 def redact_text(text: str) -> tuple[str, dict[str, int]]:
     """Replace every secret in ``text`` by its placeholder; return the new text and counts per kind."""
-    counts: Counter[str] = Counter()
     lowered = text.lower()
+    if not may_hold_secret(text, lowered):
+        return text, {}  # no detector can fire: most text ends here (see ingest.secret_screen)
+    return redact_unscreened(text, lowered)
+
+
+def redact_unscreened(text: str, lowered: str | None = None) -> tuple[str, dict[str, int]]:
+    """:func:`redact_text` without the screen in front: every detector runs (the screen's reference)."""
+    if lowered is None:
+        lowered = text.lower()
+    counts: Counter[str] = Counter()
     for rule in SHAPE_RULES:
         if rule.hints and not any(hint in (lowered if rule.fold else text) for hint in rule.hints):
             continue
@@ -132,11 +142,11 @@ def redact_event(event: Event) -> tuple[Event, dict[str, int]]:
     its length limit, the field is cut at the limit so the event stays valid. The same object is
     returned when nothing was found.
     """
-    counts: Counter[str] = Counter()
+    counts: dict[str, int] = {}  # a plain dict, not a Counter: no object for the collector to track per event
     payload = _redact_model(event.payload, counts)
     if payload is event.payload:
-        return event, {}
-    return event.model_copy(update={"payload": payload}), dict(counts)
+        return event, counts
+    return event.model_copy(update={"payload": payload}), counts
 
 
 _M = TypeVar("_M", bound=BaseModel)
@@ -151,6 +161,8 @@ class _FieldPlan:
 
 @cache
 def _plan(model_type: type[BaseModel]) -> tuple[_FieldPlan, ...]:
+    # Only the fields that can hold free text, directly or in a nested model: the rest (ids, numbers,
+    # token lists, names) are never looked at, and a model with none of them costs one lookup.
     return tuple(
         _FieldPlan(
             name,
@@ -158,7 +170,17 @@ def _plan(model_type: type[BaseModel]) -> tuple[_FieldPlan, ...]:
             next((m.max_length for m in info.metadata if hasattr(m, "max_length")), None),
         )
         for name, info in model_type.model_fields.items()
+        if _is_free_text(info) or _may_hold_model(info.annotation)
     )
+
+
+def _may_hold_model(annotation: object) -> bool:
+    """Whether a field of this type can hold a model (conservatively yes for untyped containers)."""
+    if annotation is Any or annotation is object or annotation in (list, tuple, dict, set, frozenset):
+        return True
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return True
+    return any(_may_hold_model(arg) for arg in get_args(annotation))
 
 
 def _is_free_text(info: FieldInfo) -> bool:
@@ -166,7 +188,7 @@ def _is_free_text(info: FieldInfo) -> bool:
     return isinstance(extra, dict) and extra.get(REDACTED_MARK) is True
 
 
-def _redact_model(model: _M, counts: Counter[str]) -> _M:
+def _redact_model(model: _M, counts: dict[str, int]) -> _M:
     updates: dict[str, Any] = {}
     for field in _plan(type(model)):
         value = getattr(model, field.name)
@@ -174,7 +196,8 @@ def _redact_model(model: _M, counts: Counter[str]) -> _M:
             if field.free_text:
                 redacted, found = redact_text(value)
                 if found:
-                    counts.update(found)
+                    for kind, n in found.items():
+                        counts[kind] = counts.get(kind, 0) + n
                     updates[field.name] = redacted[: field.max_length]
         elif isinstance(value, BaseModel):
             new = _redact_model(value, counts)

@@ -93,6 +93,11 @@ def _public_material(text: str, start: int, token: str) -> bool:
     return begin != -1 and "PRIVATE" not in text[begin : begin + 40] and text.find("-----END", begin, start) == -1
 
 
+def has_token_run(text: str) -> bool:
+    """Whether ``text`` holds a run of 32+ base64-ish characters: the start of every high-entropy span."""
+    return text.encode("ascii", "replace").translate(_RUN_MASK).find(_RUN_SEED) != -1
+
+
 def random_token_spans(text: str) -> Iterator[tuple[int, int]]:
     """Spans of the runs of 32+ base64-ish characters in ``text`` that look like random key material.
 
