@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from distill.samples import Sample
+from distill.samples import Sample, is_held_out
 from learner.metrics import DROP_REASONS, SAMPLES_ACCEPTED, SAMPLES_DROPPED
 
 
@@ -31,13 +31,22 @@ class Intake:
     drops their re-delivery. ``counts`` holds one entry per drop reason plus ``"accepted"``.
     """
 
-    def __init__(self, base_policy_version: int, max_staleness: int, seen_sample_ids: Iterable[str] = ()) -> None:
+    def __init__(
+        self,
+        base_policy_version: int,
+        max_staleness: int,
+        seen_sample_ids: Iterable[str] = (),
+        held_out_percent: int = 0,
+    ) -> None:
         if base_policy_version < 0:
             raise ValueError(f"base_policy_version {base_policy_version} must be >= 0")
         if max_staleness < 0:
             raise ValueError(f"max_staleness {max_staleness} must be >= 0; 0 trains on the current policy only")
         self.base_policy_version = base_policy_version
         self.max_staleness = max_staleness
+        # The evaluation gate estimates rewards on this split (distill.samples.is_held_out): training on
+        # it would let a candidate be judged on samples it learned from.
+        self.held_out_percent = held_out_percent
         self._seen: set[str] = set(seen_sample_ids)
         self.counts: dict[str, int] = dict.fromkeys((*DROP_REASONS, "accepted"), 0)
 
@@ -47,6 +56,8 @@ class Intake:
             return "private"
         if sample.sample_id in self._seen:
             return "duplicate"
+        if self.held_out_percent and is_held_out(sample.sample_id, self.held_out_percent):
+            return "held_out"
         if self.base_policy_version - sample.policy_version > self.max_staleness:
             return "stale"
         if (

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge
 
-DROP_REASONS = ("private", "duplicate", "stale", "no_tokens")
+DROP_REASONS = ("private", "duplicate", "held_out", "stale", "no_tokens")
 """Every reason :class:`learner.intake.Intake` drops a sample for, in the order it checks them."""
 
 # prometheus-client appends "_total" to counter names itself.

@@ -1,10 +1,11 @@
-"""Intake drops private, duplicate, stale and token-less samples with exact counts; pack_batches respects the budget."""
+"""Intake drops private, duplicate, held-out, stale and token-less samples, counted exactly; batches fit the budget."""
 
 from __future__ import annotations
 
 import pytest
 from prometheus_client import REGISTRY
 
+from distill.samples import is_held_out
 from learner.intake import Intake, pack_batches, sample_tokens
 from tests.learner.sample_factory import make_sample
 
@@ -12,7 +13,7 @@ from tests.learner.sample_factory import make_sample
 def _prometheus() -> dict[str, float]:
     values = {
         reason: REGISTRY.get_sample_value("liveloop_learner_samples_dropped_total", {"reason": reason}) or 0.0
-        for reason in ("private", "duplicate", "stale", "no_tokens")
+        for reason in ("private", "duplicate", "held_out", "stale", "no_tokens")
     }
     values["accepted"] = REGISTRY.get_sample_value("liveloop_learner_samples_accepted_total") or 0.0
     return values
@@ -39,7 +40,7 @@ def test_each_drop_reason_is_counted_exactly() -> None:
         (make_sample(12, loss_mask=[0, 1], policy_version=11), None),  # newer than the base is fine
     ]
     assert [intake.admit(sample) for sample, _ in stream] == [reason for _, reason in stream]
-    expected = {"private": 2, "duplicate": 2, "stale": 2, "no_tokens": 5, "accepted": 3}
+    expected = {"private": 2, "duplicate": 2, "held_out": 0, "stale": 2, "no_tokens": 5, "accepted": 3}
     assert intake.counts == expected
     after = _prometheus()
     assert {key: after[key] - before[key] for key in after} == {key: float(value) for key, value in expected.items()}
@@ -56,7 +57,18 @@ def test_dropped_samples_are_not_remembered_and_the_base_moves() -> None:
     intake.base_policy_version = 7  # a checkpoint was written
     assert intake.admit(make_sample(3, policy_version=5)) == "stale"
     assert intake.admit(fresh) == "duplicate"
-    assert intake.counts == {"private": 0, "duplicate": 1, "stale": 3, "no_tokens": 0, "accepted": 1}
+    assert intake.counts == {"private": 0, "duplicate": 1, "held_out": 0, "stale": 3, "no_tokens": 0, "accepted": 1}
+
+
+def test_the_gates_held_out_split_is_never_trained_on() -> None:
+    intake = Intake(base_policy_version=0, max_staleness=0, held_out_percent=10)
+    samples = [make_sample(i) for i in range(400)]
+    reasons = [intake.admit(sample) for sample in samples]
+    held_out = [s for s in samples if is_held_out(s.sample_id, 10)]
+    assert 20 <= len(held_out) <= 60  # about a tenth of them
+    assert [s for s, r in zip(samples, reasons, strict=True) if r == "held_out"] == held_out
+    assert intake.counts["held_out"] == len(held_out)
+    assert intake.counts["accepted"] == len(samples) - len(held_out)
 
 
 def test_bad_settings_are_refused() -> None:

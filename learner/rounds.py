@@ -1,0 +1,142 @@
+"""Training rounds and the round journal that makes them replayable.
+
+The learner consumes continuously but trains in rounds. Before a round trains, its exact offset ranges
+per partition (first..last inclusive, contiguous with the previous round) are appended to
+``<data_dir>/rounds.jsonl`` and fsynced; before a checkpoint is written, a checkpoint entry is appended.
+After a crash the learner loads its newest complete checkpoint and replays the entries after that
+checkpoint's own entry: the same ranges read again, admitted in the same (partition, offset) order,
+packed into the same batches with the same advantages and step seeds, so the replay computes what
+the first attempt computed.
+
+A torn last line (a crash during the append) is dropped when the journal is opened: that round never
+started training, and its records are simply read again live.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Annotated, Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from distill.samples import Sample
+from learner.baseline import EmaBaseline, bucket_of
+from learner.engine import StepBatch
+from learner.intake import pack_batches
+from learner.loss import normalise_advantages
+from learner.manifest import OffsetRange
+
+JOURNAL_FILE = "rounds.jsonl"
+
+
+class RoundEntry(BaseModel):
+    """A round: the offset ranges it trains on, on top of checkpoint ``parent``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["round"] = "round"
+    round: int = Field(ge=1, description="Rounds in the whole lineage, this one included.")
+    parent: str = Field(description="The newest checkpoint when the round started.")
+    ranges: list[OffsetRange]
+
+
+class CheckpointEntry(BaseModel):
+    """The intent to write checkpoint ``checkpoint_id`` after round ``after_round``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["checkpoint"] = "checkpoint"
+    checkpoint_id: str
+    parent: str
+    after_round: int = Field(ge=0)
+
+
+JournalEntry = Annotated[RoundEntry | CheckpointEntry, Field(discriminator="kind")]
+_ENTRY: TypeAdapter[RoundEntry | CheckpointEntry] = TypeAdapter(JournalEntry)
+
+
+class RoundJournal:
+    """The append-only, fsynced journal of rounds and checkpoint intents."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.path = data_dir / JOURNAL_FILE
+        self.entries: list[RoundEntry | CheckpointEntry] = []
+        if self.path.exists():
+            self._load()
+
+    def _load(self) -> None:
+        lines = self.path.read_bytes().split(b"\n")
+        kept: list[bytes] = []
+        for number, line in enumerate(lines):
+            if not line.strip():
+                continue
+            try:
+                self.entries.append(_ENTRY.validate_json(line))
+            except ValidationError:
+                if any(rest.strip() for rest in lines[number + 1 :]):
+                    raise
+                break  # a torn final append: that round never trained
+            kept.append(line)
+        if len(kept) != sum(1 for line in lines if line.strip()):
+            self._rewrite(kept)
+
+    def _rewrite(self, lines: list[bytes]) -> None:
+        temporary = self.path.with_suffix(".tmp")
+        with temporary.open("wb") as handle:
+            handle.write(b"".join(line + b"\n" for line in lines))
+            handle.flush()
+            os.fsync(handle.fileno())
+        temporary.replace(self.path)
+
+    def append(self, entry: RoundEntry | CheckpointEntry) -> None:
+        """Append ``entry`` durably (write, flush, fsync) before anything acts on it."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("ab") as handle:
+            handle.write(entry.model_dump_json().encode() + b"\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        self.entries.append(entry)
+
+    def after(self, checkpoint_id: str) -> list[RoundEntry | CheckpointEntry]:
+        """The entries written after the intent of ``checkpoint_id`` (all of them if it has none: the base)."""
+        for index in range(len(self.entries) - 1, -1, -1):
+            entry = self.entries[index]
+            if isinstance(entry, CheckpointEntry) and entry.checkpoint_id == checkpoint_id:
+                return self.entries[index + 1 :]
+        return list(self.entries)
+
+
+def round_ranges(topic: str, start: dict[int, int], last_seen: dict[int, int]) -> list[OffsetRange]:
+    """The ranges of a round: per partition read, from the position before it to the last offset read."""
+    return [
+        OffsetRange(topic=topic, partition=partition, first_offset=start[partition], last_offset=last)
+        for partition, last in sorted(last_seen.items())
+    ]
+
+
+def plan_round(samples: Sequence[Sample], baseline: EmaBaseline, token_budget: int) -> list[StepBatch]:
+    """The round's optimizer steps: ``samples`` (admitted, in (partition, offset) order) packed by tokens.
+
+    Per batch, advantages are taken against the baseline before the batch updates it, then normalised
+    over the batch. ``baseline`` is updated in place.
+    """
+    steps: list[StepBatch] = []
+    for batch in pack_batches(samples, token_budget):
+        rewards = [sample.reward for sample in batch]
+        buckets = [bucket_of(sample) for sample in batch]
+        raw = baseline.advantages(rewards, buckets)
+        baseline.update(rewards, buckets)
+        advantages = normalise_advantages(torch.tensor(raw, dtype=torch.float64)).tolist()
+        steps.append(
+            StepBatch(
+                prompt_ids=[list(s.prompt_token_ids or ()) for s in batch],
+                completion_ids=[list(s.completion_token_ids or ()) for s in batch],
+                behaviour_logprobs=[list(s.behaviour_logprobs or ()) for s in batch],
+                loss_mask=[list(s.loss_mask or ()) for s in batch],
+                advantages=[float(a) for a in advantages],
+            )
+        )
+    return steps

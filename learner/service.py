@@ -1,0 +1,429 @@
+"""The long-running learner: ``python -m learner.service`` (one process per rank).
+
+Rank 0 consumes the samples topic, runs intake, journals and plans rounds, writes and publishes
+checkpoints, and serves ``/status``; it tells the other ranks what to do with
+``torch.distributed.broadcast_object_list`` (a round's packed batches, save/load state, stop), so only
+rank 0 talks to Kafka and every rank trains on the same batches (each its share of every batch).
+
+The order that makes a crash anywhere harmless (see :mod:`learner.rounds`, :mod:`learner.state`):
+journal a round, then train it; journal a checkpoint intent, then save the state (temp, rename), then the
+published folder (temp, rename), then publish, then mark it published. A restart deletes temporaries and
+orphan states, re-publishes an unpublished checkpoint, loads the newest state and replays the journal.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import signal
+import sys
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from learner.baseline import EmaBaseline
+from learner.checkpoint import (
+    CycleRecord,
+    build_manifest,
+    checkpoint_id_for,
+    pause_if,
+    write_base_checkpoint,
+    write_checkpoint_folder,
+)
+from learner.engine import LearnerEngine, base_model_label, init_distributed
+from learner.errors import LearnerError
+from learner.intake import Intake
+from learner.manifest import OffsetRange
+from learner.metrics import (
+    CHECKPOINT_SECONDS,
+    CHECKPOINTS,
+    LAG,
+    POLICY_VERSION,
+    ROUNDS,
+    SAMPLES_INVALID,
+    SAMPLES_SINCE_CHECKPOINT,
+    STEP,
+    STEPS,
+)
+from learner.outbox import PublishOutbox
+from learner.rounds import CheckpointEntry, RoundEntry, RoundJournal, plan_round, round_ranges
+from learner.settings import LearnerSettings
+from learner.source import Polled, SampleSource, read_ranges
+from learner.state import (
+    DataDir,
+    StateError,
+    TrainingState,
+    commit_folder,
+    fresh_state,
+    read_state,
+    write_state_file,
+)
+from learner.status import StatusBoard, StatusServer
+
+log = logging.getLogger("learner")
+
+HEARTBEAT_S = 10.0  # idle ranks wait in a broadcast; keep it well inside the process group's timeout
+LAG_EVERY_S = 5.0
+PUBLISH_RETRY_S = 30.0
+
+
+class Learner:
+    """One rank of the learner. Rank 0 calls :meth:`run`, the others :meth:`follow`."""
+
+    def __init__(self, settings: LearnerSettings, engine: LearnerEngine) -> None:
+        self.settings = settings
+        self.engine = engine
+        self.rank, self.world_size = engine.rank, engine.world_size
+        self.data = DataDir(settings.data_dir)
+        self.board = StatusBoard()
+        self.stopping = False
+        self.base_label = base_model_label(settings.base_model)
+        self.source: SampleSource | None = None
+        self.server: StatusServer | None = None
+        self.outbox = PublishOutbox(settings, self.data)
+        self._last_told = time.monotonic()
+        self._last_lag = 0.0
+        self._lag: dict[int, int] = {}
+        # Records polled but not yet in a round. Kept across a checkpoint (never dropped): their offsets
+        # lie beyond the checkpoint's positions, so the next round's ranges cover them.
+        self.buffer: list[Polled] = []
+        self.buffer_ids: set[str] = set()
+        self.buffer_estimate = 0
+        self.buffer_last: dict[int, int] = {}
+
+    # -- talking to the other ranks ------------------------------------------------------------
+
+    def _tell(self, *command: Any) -> None:
+        if self.world_size > 1:
+            import torch.distributed as dist
+
+            dist.broadcast_object_list([command], src=0)
+            self._last_told = time.monotonic()
+
+    def follow(self) -> None:
+        """Ranks above 0: do what rank 0 says until it says stop."""
+        import torch.distributed as dist
+
+        while True:
+            box: list[Any] = [None]
+            dist.broadcast_object_list(box, src=0)
+            name, *args = box[0]
+            if name == "stop":
+                return
+            if name == "round":
+                batches, first_step = args
+                for index, batch in enumerate(batches):
+                    self.engine.train_step(batch, first_step + index)
+            elif name == "save_state":
+                self.engine.save_state(Path(args[0]))
+            elif name == "load_state":
+                self.engine.load_state(Path(args[0]))
+            elif name == "refresh":
+                self.engine.refresh_reference()
+
+    def request_stop(self, signum: int, _frame: Any) -> None:
+        """Signal handler: finish the current round, checkpoint what is pending, exit (only sets a flag:
+        logging from a handler can deadlock on the logging lock)."""
+        self.stopping = True
+
+    # -- rank 0 ---------------------------------------------------------------------------------
+
+    def run(self) -> None:
+        """Recover, then consume, train and checkpoint until asked to stop."""
+        self.server = StatusServer(self.board, self.settings.status_host, self.settings.status_port)
+        self.server.start()
+        try:
+            self.board.update(state="recovering", status_port=self.server.port)
+            self.recover()
+            self.board.update(state="running")
+            while not self.stopping:
+                self._take(self.source_.poll(self.settings.poll_timeout_ms))
+                due = self._checkpoint_due()  # once: a checkpoint always takes the buffer in a round first
+                if self.buffer and (due or self.buffer_estimate >= self.settings.round_samples):
+                    self._round_live()
+                if due and self.cycle.sample_ids:
+                    self._checkpoint(None)
+                self._housekeeping()
+            self.board.update(state="stopping")
+            log.info("stopping: a final checkpoint if samples are pending")
+            if self.buffer:
+                self._round_live()
+            if self.cycle.sample_ids:
+                self._checkpoint(None)
+            self.board.update(state="stopped")
+        except BaseException:
+            self.board.update(state="failed")
+            raise
+        finally:
+            self._tell("stop")
+            if self.source is not None:
+                self.source.close()
+            self.server.stop()
+
+    @property
+    def source_(self) -> SampleSource:
+        if self.source is None:
+            raise LearnerError("the sample source is not open yet")
+        return self.source
+
+    def recover(self) -> None:
+        """Start from the newest complete checkpoint; publish what is unpublished; replay the journal."""
+        self.data.make()
+        self.journal = RoundJournal(self.settings.data_dir)
+        for path in self.data.remove_temporaries():
+            log.warning("deleted the half-written %s", path)
+        newest = self.data.newest_checkpoint(self.settings.model_name)
+        if newest is None and self.settings.publishes:
+            self._init_base()  # the audit store and the registry need lineage version 0 before version 1
+            newest = self.data.newest_checkpoint(self.settings.model_name)
+        if newest is None or newest.policy_version == 0:
+            base_id = newest.checkpoint_id if newest else checkpoint_id_for(self.settings.model_name, 0)
+            state = fresh_state(base_id, datetime.now(UTC))
+            orphans = self.data.remove_orphan_states(0, None)
+        else:
+            folder = self.data.state_of(newest.checkpoint_id)
+            if not folder.is_dir():
+                raise StateError(
+                    f"checkpoint {newest.checkpoint_id} has no training state in {folder}; restore it, or move the "
+                    "checkpoint folder away to resume from the one before"
+                )
+            orphans = self.data.remove_orphan_states(newest.policy_version, newest.checkpoint_id)
+            state = read_state(folder)
+            self._tell("load_state", str(folder))
+            self.engine.load_state(folder)
+        for path in orphans:
+            log.warning("deleted the orphan state %s (its checkpoint was never completed)", path)
+        # Positions come from the checkpoint's manifest (the contract), never from committed group offsets.
+        positions = dict(newest.positions.get(self.settings.samples_topic, {})) if newest else {}
+        self._adopt(state, positions)
+        self.outbox.scan()
+        self._publish()
+        self.source = SampleSource(self.settings.bootstrap, self.settings.samples_topic, self.settings.consumer_group)
+        self.positions = self.source.start_positions(positions)
+        journal_entries = self.journal.after(state.checkpoint_id)
+        if journal_entries:
+            log.info("replaying %d journal entries after %s", len(journal_entries), state.checkpoint_id)
+        for entry in journal_entries:
+            if entry.parent != self.last.checkpoint_id:
+                raise StateError(
+                    f"{self.journal.path}: entry {entry} follows {entry.parent}, but the newest checkpoint is "
+                    f"{self.last.checkpoint_id}; the journal does not belong to these checkpoints"
+                )
+            if isinstance(entry, RoundEntry):
+                self._round(read_ranges(self.settings.bootstrap, entry.ranges), entry.ranges, replay=entry)
+            else:
+                self._checkpoint(entry)
+        self.source_.seek(self.positions)
+        self._housekeeping(force_lag=True)
+
+    def _init_base(self) -> None:
+        """Write and register the base model as version 0 (what ``liveloop learner init-base`` does)."""
+        from learner.publish import register_base
+
+        source = None if self.settings.base_model == "tiny" else Path(self.settings.base_model)
+        folder = write_base_checkpoint(self.settings.data_dir, self.settings.model_name, source)
+        dsn = self.settings.dsn.get_secret_value() if self.settings.dsn else ""
+        register_base(folder, mlflow_uri=self.settings.mlflow_uri or "", dsn=dsn)
+        log.info("wrote and registered the base model %s", folder)
+
+    def _adopt(self, state: TrainingState, positions: dict[int, int]) -> None:
+        """Make ``state`` (a checkpoint's) the starting point of a new cycle."""
+        self.last = state
+        self.step, self.round = state.step, state.round
+        self.positions = dict(positions)
+        self.baseline = EmaBaseline(self.settings.baseline_decay)
+        self.baseline.load_state_dict(state.baseline)
+        self.seen_ids = list(state.seen_sample_ids)
+        self.intake = Intake(
+            state.policy_version, self.settings.max_staleness, self.seen_ids, self.settings.held_out_percent
+        )
+        self.cycle = CycleRecord()
+
+    # -- rounds -------------------------------------------------------------------------------
+
+    def _take(self, polled: list[Polled]) -> None:
+        for record in polled:
+            self.buffer.append(record)
+            self.buffer_last[record.partition] = record.offset
+            sample = record.sample
+            # An estimate of what intake will accept (it admits for real at round time, in offset order).
+            if (
+                sample is not None
+                and sample.sample_id not in self.buffer_ids
+                and self.intake.reason_to_drop(sample) is None
+            ):
+                self.buffer_ids.add(sample.sample_id)
+                self.buffer_estimate += 1
+
+    def _round_live(self) -> None:
+        ranges = round_ranges(self.settings.samples_topic, self.positions, self.buffer_last)
+        records = sorted(self.buffer, key=lambda r: (r.partition, r.offset))
+        self.buffer, self.buffer_ids, self.buffer_estimate, self.buffer_last = [], set(), 0, {}
+        self._round(records, ranges, replay=None)
+
+    def _round(self, records: list[Polled], ranges: list[OffsetRange], replay: RoundEntry | None) -> None:
+        """Journal (unless replaying) and train one round on ``records`` (sorted by partition, offset)."""
+        if replay is None:
+            self.journal.append(RoundEntry(round=self.round + 1, parent=self.last.checkpoint_id, ranges=ranges))
+        elif replay.round != self.round + 1:
+            raise StateError(f"journal round {replay.round} cannot follow round {self.round}; the journal is damaged")
+        self.round += 1
+        accepted = []
+        for record in records:
+            if record.sample is None:
+                SAMPLES_INVALID.inc()
+            elif self.intake.admit(record.sample) is None:
+                accepted.append(record.sample)
+        batches = plan_round(accepted, self.baseline, self.settings.token_budget)
+        self.cycle.add_ranges(ranges)
+        for sample in accepted:
+            self.cycle.sample_ids.append(sample.sample_id)
+            self.cycle.rewards.append(sample.reward)
+            self.cycle.spec_hashes.add(sample.spec_hash)
+            self.seen_ids.append(sample.sample_id)
+        for r in ranges:
+            self.positions[r.partition] = r.last_offset + 1
+        self._tell("round", batches, self.step)
+        for index, batch in enumerate(batches):
+            metrics = self.engine.train_step(batch, self.step)
+            self.step += 1
+            STEPS.inc()
+            self.cycle.add_metrics(
+                {
+                    "loss": metrics.loss,
+                    "pg_loss": metrics.pg_loss,
+                    "kl": metrics.kl,
+                    "mean_weight": metrics.mean_weight,
+                    "truncated_fraction": metrics.truncated_fraction,
+                    "clipped_fraction": metrics.clipped_fraction,
+                }
+            )
+            if index == 0:
+                pause_if(self.settings, "mid_round")
+        ROUNDS.inc()
+        log.info("round %d: %d records, %d accepted, %d steps", self.round, len(records), len(accepted), len(batches))
+
+    # -- checkpoints --------------------------------------------------------------------------
+
+    def _checkpoint_due(self) -> bool:
+        pending = len(self.cycle.sample_ids) + self.buffer_estimate
+        due_at = self.last.checkpointed_at + timedelta(seconds=self.settings.checkpoint_interval_s)
+        return pending >= self.settings.min_samples and datetime.now(UTC) >= due_at
+
+    def _checkpoint(self, replay: CheckpointEntry | None) -> None:
+        started = time.monotonic()
+        policy_version = self.last.policy_version + 1
+        checkpoint_id = checkpoint_id_for(self.settings.model_name, policy_version)
+        if replay is None:
+            entry = CheckpointEntry(checkpoint_id=checkpoint_id, parent=self.last.checkpoint_id, after_round=self.round)
+            self.journal.append(entry)
+        elif replay.checkpoint_id != checkpoint_id:
+            raise StateError(f"journal says checkpoint {replay.checkpoint_id}, expected {checkpoint_id}")
+        now = datetime.now(UTC)
+        state = TrainingState(
+            checkpoint_id=checkpoint_id,
+            policy_version=policy_version,
+            step=self.step,
+            round=self.round,
+            positions=self.positions,
+            baseline=self.baseline.state_dict(),
+            seen_sample_ids=self.seen_ids,
+            checkpoint_sample_ids=self.cycle.sample_ids,
+            checkpointed_at=now,
+        )
+        temporary = self.data.temp_state(checkpoint_id)
+        if temporary.exists():
+            shutil.rmtree(temporary)
+        self._tell("save_state", str(temporary))
+        self.engine.save_state(temporary)
+        write_state_file(temporary, state)
+        state_folder = self.data.state_of(checkpoint_id)
+        commit_folder(temporary, state_folder)
+        cycle = self.cycle
+
+        def manifest_for(files: dict[str, str]) -> Any:
+            return build_manifest(
+                settings=self.settings,
+                base_label=self.base_label,
+                checkpoint_id=checkpoint_id,
+                parent_id=self.last.checkpoint_id,
+                policy_version=policy_version,
+                step=self.step,
+                cycle=cycle,
+                positions=self.positions,
+                files=files,
+            )
+
+        write_checkpoint_folder(
+            self.data,
+            checkpoint_id,
+            lambda folder: self.engine.save_pretrained(folder, state_folder),
+            self.settings,
+            manifest_for,
+        )
+        CHECKPOINTS.inc()
+        CHECKPOINT_SECONDS.set(time.monotonic() - started)
+        log.info("checkpoint %s: %d samples, step %d", checkpoint_id, len(cycle.sample_ids), self.step)
+        self._adopt(state, self.positions)
+        self._tell("refresh")
+        self.engine.refresh_reference()
+        self.outbox.add(checkpoint_id)
+        self._publish()
+        if self.source is not None and self.settings.publishes:
+            self.source.commit(self.positions)
+
+    def _publish(self) -> None:
+        self.outbox.flush()
+        self.outbox.prune_states(self.last.policy_version)
+
+    # -- status -------------------------------------------------------------------------------
+
+    def _housekeeping(self, force_lag: bool = False) -> None:
+        now = time.monotonic()
+        if self.world_size > 1 and now - self._last_told > HEARTBEAT_S:
+            self._tell("noop")
+        if self.outbox.pending and now - self.outbox.last_try > PUBLISH_RETRY_S:
+            self._publish()
+        if force_lag or now - self._last_lag > LAG_EVERY_S:
+            self._last_lag = now
+            self._lag = self.source_.lag(self.positions)
+            for partition, lag in self._lag.items():
+                LAG.labels(partition=str(partition)).set(lag)
+        pending = len(self.cycle.sample_ids) + self.buffer_estimate
+        STEP.set(self.step)
+        POLICY_VERSION.set(self.last.policy_version)
+        SAMPLES_SINCE_CHECKPOINT.set(pending)
+        due_at = self.last.checkpointed_at + timedelta(seconds=self.settings.checkpoint_interval_s)
+        self.board.update(
+            step=self.step,
+            round=self.round,
+            policy_version=self.last.policy_version,
+            last_checkpoint_id=self.last.checkpoint_id,
+            samples_since_checkpoint=pending,
+            next_checkpoint_at=due_at.isoformat(),
+            lag={str(p): lag for p, lag in sorted(self._lag.items())},
+            unpublished=list(self.outbox.pending),
+            intake=dict(self.intake.counts),
+        )
+
+
+def main() -> None:
+    """Entry point of ``python -m learner.service``."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("kafka").setLevel(logging.WARNING)  # it logs every connection at INFO
+    settings = LearnerSettings()
+    rank, world_size = init_distributed(settings.world_size)
+    engine = LearnerEngine(settings, rank, world_size)
+    learner = Learner(settings, engine)
+    signal.signal(signal.SIGTERM, learner.request_stop)
+    signal.signal(signal.SIGINT, learner.request_stop)
+    try:
+        learner.run() if rank == 0 else learner.follow()
+    except LearnerError as exc:
+        log.error("%s", exc)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,156 @@
+"""The learner's settings. Env prefix ``LIVELOOP_LEARNER_``.
+
+One class configures the long-running learner (:mod:`learner.service`): where it reads samples, where
+it publishes checkpoints, how it trains (DeepSpeed ZeRO stage, full weights or LoRA, the loss), how often
+it checkpoints, and where it keeps its state. Every field is validated when the service starts.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, SecretStr, model_validator
+from pydantic_settings import SettingsConfigDict
+
+from infra.settings import LiveloopSettings
+
+PausePoint = Literal["none", "mid_round", "mid_checkpoint"]
+"""Where a test can freeze the learner to SIGKILL it (see :attr:`LearnerSettings.pause_at`)."""
+
+
+class LearnerSettings(LiveloopSettings):
+    """Everything the continuous learner needs; the DSN is a secret and never logged."""
+
+    model_config = SettingsConfigDict(env_prefix="LIVELOOP_LEARNER_")
+
+    # -- where data comes from and goes to ------------------------------------------------------
+    bootstrap: str = Field(default="127.0.0.1:9092", min_length=1, description="Kafka bootstrap servers.")
+    samples_topic: str = Field(default="liveloop.samples", min_length=1, description="Reward samples to train on.")
+    checkpoints_topic: str = Field(
+        default="liveloop.checkpoints", min_length=1, description="Where checkpoint announcements go."
+    )
+    consumer_group: str = Field(
+        default="liveloop-learner",
+        min_length=1,
+        description="Group the learner commits its positions under after each checkpoint, for lag reporting only; "
+        "positions always come from the last checkpoint manifest.",
+    )
+    dsn: SecretStr | None = Field(
+        default=None, description="PostgreSQL DSN of the audit store; unset = checkpoints are written, not published."
+    )
+    mlflow_uri: str | None = Field(
+        default=None, description="MLflow tracking URI; unset = checkpoints are written, not published."
+    )
+
+    # -- the model ---------------------------------------------------------------------------
+    model_name: str = Field(
+        default="liveloop-policy",
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,100}$",
+        description="MLflow registered model name; checkpoint ids are '<model_name>-v<policy_version:05d>'.",
+    )
+    base_model: str = Field(
+        default="tiny",
+        min_length=1,
+        description="A local Hugging Face model folder, or 'tiny' for learner.tiny_model's default tiny Llama.",
+    )
+    data_dir: Path = Field(
+        default=Path(".liveloop/learner"),
+        description="Round journal, private training state, checkpoint folders and publish markers.",
+    )
+
+    # -- cadence -------------------------------------------------------------------------------
+    checkpoint_interval_s: float = Field(
+        default=18_000.0, ge=0, description="A checkpoint is due this long after the previous one (default 5 h)."
+    )
+    min_samples: int = Field(default=1, ge=1, description="A due checkpoint waits until this many samples trained.")
+    round_samples: int = Field(
+        default=64, ge=1, description="Train a round once this many samples are buffered (or a checkpoint is due)."
+    )
+    token_budget: int = Field(
+        default=4096, ge=1, description="Most prompt+completion tokens per optimizer step (one packed batch)."
+    )
+    max_staleness: int = Field(
+        default=4, ge=0, description="Drop samples generated more than this many policy versions before ours."
+    )
+    held_out_percent: int = Field(
+        default=10,
+        ge=0,
+        le=100,
+        description="Never train on this share of samples (distill.samples.is_held_out): the gate evaluates on them. "
+        "Must equal the gate's LIVELOOP_GATE_HELD_OUT_PERCENT.",
+    )
+
+    # -- the loss -----------------------------------------------------------------------------
+    is_cap: float = Field(default=2.0, gt=0, description="c in the truncated importance weight min(pi/mu, c).")
+    clip_eps: float | None = Field(default=None, gt=0, lt=1, description="PPO-style ratio clipping; None = off.")
+    kl_coef: float = Field(
+        default=0.0, ge=0, description="KL penalty weight to the policy at the start of the cycle; 0 = off."
+    )
+    baseline_decay: float = Field(default=0.9, ge=0, lt=1, description="Decay of the per-bucket reward EMA.")
+
+    # -- the optimizer and engine ----------------------------------------------------------------
+    lr: float = Field(default=1e-5, gt=0, le=1, description="AdamW learning rate.")
+    weight_decay: float = Field(default=0.0, ge=0, le=1, description="AdamW weight decay.")
+    zero_stage: int = Field(
+        default=2, ge=1, le=2, description="DeepSpeed ZeRO stage: 1 shards the optimizer, 2 also gradients."
+    )
+    lora: bool = Field(default=False, description="Train a LoRA adapter (peft) instead of the full weights.")
+    lora_r: int = Field(default=8, ge=1, le=1024, description="LoRA rank.")
+    lora_alpha: int = Field(default=16, ge=1, description="LoRA alpha (scale = alpha / r).")
+    lora_target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
+        min_length=1,
+        description="Module names LoRA adapts.",
+    )
+    seed: int = Field(default=0, ge=0, description="Seeds LoRA init and every optimizer step (from seed and step).")
+    world_size: int = Field(default=1, ge=1, description="Processes (ranks) of the DeepSpeed job.")
+    threads: int | None = Field(
+        default=None, ge=1, description="torch intra-op threads per rank; unset = torch's default."
+    )
+
+    # -- operations ----------------------------------------------------------------------------
+    status_host: str = Field(default="127.0.0.1", description="Address of the /status, /healthz, /metrics server.")
+    status_port: int = Field(default=6070, ge=0, le=65535, description="Its port (0 = pick a free one).")
+    poll_timeout_ms: int = Field(default=500, ge=10, le=60_000, description="How long one Kafka poll waits.")
+    pause_at: PausePoint = Field(
+        default="none",
+        description="Test hook: freeze at this point (writing <data_dir>/paused-<point>) so a test can SIGKILL there.",
+    )
+
+    @model_validator(mode="after")
+    def _publishing_needs_both(self) -> LearnerSettings:
+        if (self.dsn is None) != (self.mlflow_uri is None):
+            raise ValueError(
+                "set both LIVELOOP_LEARNER_DSN and LIVELOOP_LEARNER_MLFLOW_URI to publish checkpoints, or neither"
+            )
+        return self
+
+    @property
+    def publishes(self) -> bool:
+        """Whether checkpoints are published (audit rows, MLflow, announcement) after they are written."""
+        return self.dsn is not None and self.mlflow_uri is not None
+
+    def training_config(self) -> dict[str, Any]:
+        """What determines the weights a stream of samples trains into; hashed into every manifest."""
+        keys = (
+            "base_model",
+            "round_samples",
+            "token_budget",
+            "max_staleness",
+            "held_out_percent",
+            "is_cap",
+            "clip_eps",
+            "kl_coef",
+            "baseline_decay",
+            "lr",
+            "weight_decay",
+            "zero_stage",
+            "lora",
+            "lora_r",
+            "lora_alpha",
+            "lora_target_modules",
+            "seed",
+            "world_size",
+        )
+        return {key: getattr(self, key) for key in keys}

@@ -1,0 +1,73 @@
+"""The round journal and round planning: what makes a replay train exactly what the first attempt trained."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from learner.baseline import EmaBaseline
+from learner.manifest import OffsetRange
+from learner.rounds import JOURNAL_FILE, CheckpointEntry, RoundEntry, RoundJournal, plan_round, round_ranges
+from tests.learner.sample_factory import make_sample
+
+
+def _round(number: int, parent: str, first: int, last: int) -> RoundEntry:
+    return RoundEntry(
+        round=number, parent=parent, ranges=[OffsetRange(topic="t", partition=0, first_offset=first, last_offset=last)]
+    )
+
+
+def test_the_journal_survives_reopening_and_answers_what_follows_a_checkpoint(tmp_path: Path) -> None:
+    journal = RoundJournal(tmp_path)
+    r1, r2 = _round(1, "m-v00000", 0, 9), _round(2, "m-v00000", 10, 12)
+    c1 = CheckpointEntry(checkpoint_id="m-v00001", parent="m-v00000", after_round=2)
+    r3 = _round(3, "m-v00001", 13, 20)
+    for entry in (r1, r2, c1, r3):
+        journal.append(entry)
+    reopened = RoundJournal(tmp_path)
+    assert reopened.entries == [r1, r2, c1, r3]
+    assert reopened.after("m-v00000") == [r1, r2, c1, r3]  # the base has no entry of its own
+    assert reopened.after("m-v00001") == [r3]
+
+
+def test_a_torn_last_line_is_dropped_and_the_journal_stays_appendable(tmp_path: Path) -> None:
+    journal = RoundJournal(tmp_path)
+    r1 = _round(1, "m-v00000", 0, 9)
+    journal.append(r1)
+    with (tmp_path / JOURNAL_FILE).open("ab") as handle:
+        handle.write(b'{"kind":"round","round":2,"par')  # the process died inside the write
+    reopened = RoundJournal(tmp_path)
+    assert reopened.entries == [r1]
+    r2 = _round(2, "m-v00000", 10, 11)
+    reopened.append(r2)
+    assert RoundJournal(tmp_path).entries == [r1, r2]
+
+
+def test_a_damaged_line_in_the_middle_is_an_error_not_silently_skipped(tmp_path: Path) -> None:
+    (tmp_path / JOURNAL_FILE).write_bytes(b"not json\n" + _round(1, "m", 0, 1).model_dump_json().encode() + b"\n")
+    with pytest.raises(ValueError, match="Invalid JSON"):
+        RoundJournal(tmp_path)
+
+
+def test_round_ranges_run_from_the_previous_position_to_the_last_offset_read() -> None:
+    ranges = round_ranges("t", {0: 10, 1: 4, 2: 7}, {1: 9, 0: 12})
+    assert [(r.partition, r.first_offset, r.last_offset) for r in ranges] == [(0, 10, 12), (1, 4, 9)]
+
+
+def test_plan_round_packs_by_tokens_and_takes_advantages_before_each_batch_updates_the_baseline() -> None:
+    # Each sample: 3 prompt + 2 completion tokens = 5; a budget of 10 packs them in twos.
+    samples = [make_sample(n, reward=r, task_kind="edit") for n, r in enumerate([1.0, 0.0, 0.5, -1.0, 0.25])]
+    baseline = EmaBaseline(decay=0.5)
+    steps = plan_round(samples, baseline, token_budget=10)
+    assert [len(step) for step in steps] == [2, 2, 1]
+    # Batch 1: baseline 0 (never seen) -> raw advantages [1, 0] -> normalised [1, -1] (std 0.5).
+    assert steps[0].advantages == pytest.approx([1.0, -1.0], abs=1e-5)
+    # Then b = 1 (first reward sets it), then 0.5 * 1 + 0.5 * 0 = 0.5.
+    # Batch 2: raw [0.5 - 0.5, -1 - 0.5] = [0, -1.5] -> normalised [1, -1].
+    assert steps[1].advantages == pytest.approx([1.0, -1.0], abs=1e-5)
+    # Then b = 0.5 * 0.5 + 0.25 = 0.5, then 0.5 * 0.5 - 0.5 = -0.25. Batch 3: one sample -> 0.
+    assert steps[2].advantages == [0.0]
+    assert baseline.value("task:edit") == pytest.approx(0.5 * -0.25 + 0.5 * 0.25)
+    assert steps[0].prompt_ids == [[10, 11, 12], [10, 11, 12]]
+    assert steps[0].loss_mask == [[1, 1], [1, 1]]
