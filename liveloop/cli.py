@@ -13,6 +13,7 @@ from rich.table import Table
 
 from infra.errors import InfraError
 from infra.stack import Stack
+from liveloop import learner_cli, serving_cli, sim_cli
 from liveloop.components import loop_components
 
 app = typer.Typer(help="liveloop: online learning from production traffic.", no_args_is_help=True, add_completion=False)
@@ -90,10 +91,41 @@ def status(as_json: Annotated[bool, typer.Option("--json", help="Print machine-r
 
 
 @app.command()
-def demo() -> None:
-    """The main job: for now it starts the stack, shows its status and stops it again."""
-    up()
-    down()
+def demo(
+    minutes: Annotated[float, typer.Option(help="How long the simulated users send traffic.", min=0.5)] = 10.0,
+    seed: Annotated[int, typer.Option(help="Seed of the simulator and the base model.")] = 7,
+    profile: Annotated[
+        str,
+        typer.Option(help="Users' hidden preference: semicolons, snake_case, fickle (a degraded candidate), noisy."),
+    ] = "semicolons",
+    report: Annotated[Path, typer.Option("--report", help="Folder for report.json, report.md, acceptance.png.")] = Path(
+        "demo-report"
+    ),
+    keep_running: Annotated[bool, typer.Option(help="Leave the loop running afterwards.")] = False,
+    state_dir: Annotated[Path, typer.Option(help="The demo's own stack state (wiped when a demo starts).")] = Path(
+        ".liveloop/demo"
+    ),
+) -> None:
+    """The main job: the whole loop live (traffic, rewards, learner, gate, hot-swap), then a report."""
+    from liveloop.demo import DemoOptions, run_demo
+
+    options = DemoOptions(
+        minutes=minutes, seed=seed, profile=profile, report_dir=report, keep_running=keep_running, state_dir=state_dir
+    )
+    try:
+        result = run_demo(options, console)
+    except InfraError as exc:
+        raise _fail(exc, 2) from exc
+    verdict = result["verdict"]
+    console.print(f"report written to {report}/ (report.md, report.json, acceptance.png)")
+    if "acceptance_gain_points" in verdict:
+        console.print(
+            f"acceptance {verdict['base_acceptance']:.3f} (base) -> {verdict['final_acceptance']:.3f} "
+            f"(model version {result['final_champion']}): {verdict['acceptance_gain_points']:+.1f} points, "
+            f"{verdict['promotions']} promotion(s)"
+        )
+    else:
+        console.print(f"no improvement: {verdict['why']}")
 
 
 @schema_app.command("export")
@@ -113,6 +145,14 @@ def _print_status(report: dict[str, dict[str, dict[str, object]]]) -> None:
             mark = "[green]yes[/green]" if item["healthy"] else "[red]no[/red]"
             table.add_row(kind[:-1], name, mark, str(address))
     console.print(table)
+
+
+app.add_typer(learner_cli.app, name="learner")
+app.add_typer(sim_cli.app, name="simulate")
+# Operator actions on the champion sit at the top level: `liveloop promote 3`, `liveloop rollback`.
+app.command("promote")(serving_cli.promote)
+app.command("rollback")(serving_cli.rollback)
+app.command("reject")(serving_cli.reject)
 
 
 def main() -> None:

@@ -127,6 +127,8 @@ class Gate:
             champion_version = int(self.registry.version_by_alias(name, CHAMPION).version)
         except (AliasNotSet, RegistryError) as exc:
             raise GateError(f"cannot evaluate {announcement.checkpoint_id}: {exc}") from exc
+        if self.work_dir is not None:
+            self.work_dir.mkdir(parents=True, exist_ok=True)
         scratch = Path(tempfile.mkdtemp(prefix="liveloop-gate-", dir=self.work_dir))
         try:
             return self._evaluate(announcement, champion_version, scratch)

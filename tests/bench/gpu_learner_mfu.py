@@ -53,6 +53,7 @@ def main() -> None:
     parser.add_argument("--completion", type=int, default=1536)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--compile", action="store_true", help="torch.compile the engine (DeepSpeed engine.compile)")
     parser.add_argument(
         "--variant", choices=["learner", "plain"], default="learner", help="plain: next-token loss, the ceiling"
     )
@@ -96,6 +97,8 @@ def main() -> None:
         "steps_per_print": 1_000_000,
     }
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_config)
+    if args.compile:
+        engine.compile()  # the warm-up steps below absorb the compilation
     loss_config = LossConfig(is_cap=2.0, clip_eps=0.2)
     generator = torch.Generator().manual_seed(1)
 
@@ -147,7 +150,7 @@ def main() -> None:
     save_seconds = time.perf_counter() - save_start
 
     result = {
-        "name": f"learner_gpu_cycle_0.5b_bf16_{args.variant}",
+        "name": f"learner_gpu_cycle_0.5b_bf16_{args.variant}{'_compiled' if args.compile else ''}",
         "unit": "tokens/s",
         "value": tokens / seconds,
         "baseline_name": "peak_dense_bf16_datasheet_tflops",
@@ -173,9 +176,10 @@ def main() -> None:
         },
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"learner_gpu_cycle_{args.variant}_b{args.batch}.json").write_text(json.dumps(result, indent=2))
+    label = f"{args.variant}{'_compiled' if args.compile else ''}"
+    (args.out / f"learner_gpu_cycle_{label}_b{args.batch}.json").write_text(json.dumps(result, indent=2))
     print(
-        f"learner GPU cycle ({args.variant}): {tokens / seconds:,.0f} tokens/s, {achieved:.0f} model TFLOP/s, "
+        f"learner GPU cycle ({label}): {tokens / seconds:,.0f} tokens/s, {achieved:.0f} model TFLOP/s, "
         f"MFU {achieved / DATASHEET_BF16_TFLOPS:.1%} of datasheet ({achieved / peak_measured:.1%} of measured matmul), "
         f"{params / 1e6:.0f}M params, batch {args.batch}x{seq}, save {save_seconds:.1f}s"
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +12,9 @@ from pathlib import Path
 import psutil
 import pytest
 
+from infra.processes import wait_until
+from infra.settings import StackSettings
+from infra.stack import Stack
 from tests.conftest import free_port
 
 LIVELOOP = str(Path(sys.executable).with_name("liveloop"))
@@ -38,7 +42,12 @@ def test_up_status_down_leave_nothing_running(tmp_path: Path) -> None:
     env = dict(os.environ, LIVELOOP_INFRA_STATE_DIR=str(state))
     env.update({f"LIVELOOP_INFRA_{name}": str(port) for name, port in ports.items()})
     # The components listen too: keep them off the ports of a stack the developer may be running.
-    env.update(LIVELOOP_INGEST_PORT=str(free_port()), LIVELOOP_DISTILL_WEB_PORT=str(free_port()))
+    env.update(
+        LIVELOOP_INGEST_PORT=str(free_port()),
+        LIVELOOP_DISTILL_WEB_PORT=str(free_port()),
+        LIVELOOP_LEARNER_STATUS_PORT=str(free_port()),
+        LIVELOOP_SERVING_PORT=str(free_port()),
+    )
     pids: list[int] = []
     try:
         up = _run(["up"], env)
@@ -56,13 +65,23 @@ def test_up_status_down_leave_nothing_running(tmp_path: Path) -> None:
         assert report["services"]["mlflow"]["url"] == f"http://127.0.0.1:{ports['MLFLOW_PORT']}"
         assert report["services"]["mlflow"]["healthy"] is True
         components = report["components"]
-        assert set(components) == {"ingest-api", "archiver", "distiller"}
+        assert set(components) == {"ingest-api", "archiver", "distiller", "learner", "gate", "gateway"}
         assert all(c["healthy"] for c in components.values()), components
+        assert all(c["restarts"] == 0 for c in components.values()), components
         assert components["archiver"]["lag"] == 0
         pids = [c["pid"] for c in components.values()]
         # The password never reaches the status output.
         password = json.loads((state / "credentials.json").read_text())["postgres_password"]
         assert password not in status.stdout
+
+        # A component that crashes is started again by its keeper.
+        archiver = Stack(StackSettings(state_dir=state, **{k.lower(): v for k, v in ports.items()}))
+        crashed = archiver.component_child_pid("archiver")
+        assert crashed is not None
+        os.kill(crashed, signal.SIGKILL)
+        assert wait_until(lambda: archiver.component_child_pid("archiver") not in (None, crashed), timeout_s=30)
+        restarted = json.loads(_run(["status", "--json"], env).stdout)["components"]["archiver"]
+        assert restarted["restarts"] == 1
 
         # Idempotent: a second `up` finds everything running and starts nothing new.
         before = sorted(p.split(":")[0] for p in _processes_using(state))

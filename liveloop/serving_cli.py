@@ -1,0 +1,140 @@
+"""Operator commands on the champion: ``promote VERSION``, ``rollback``, ``reject VERSION``.
+
+A Typer sub-app; the top-level CLI exposes its commands as ``liveloop promote/rollback/reject``.
+Every command needs the operator key (``--key`` or env ``LIVELOOP_OPERATOR_KEY``), checked against
+``operator_key`` of the credential file, and records who (``--actor``, default the login name), why
+(``--reason``) and when, through :class:`serving.promotion.Promoter`.
+
+Where things are: by default the local stack's (``StackSettings``: credentials, PostgreSQL, MLflow,
+Kafka); each can be overridden with ``LIVELOOP_OPERATOR_*`` settings to operate a deployed loop.
+"""
+
+from __future__ import annotations
+
+import getpass
+import secrets
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from pydantic import Field, SecretStr
+from pydantic_settings import SettingsConfigDict
+from rich.console import Console
+
+from infra.credentials import load_credentials
+from infra.errors import InfraError
+from infra.registry import Registry
+from infra.settings import LiveloopSettings, StackSettings, TopicsSettings
+from serving.errors import ServingError
+from serving.promotion import Promoter
+from serving.promotions_contract import PromotionEvent
+
+
+class OperatorSettings(LiveloopSettings):
+    """Where the operator commands act. Env prefix ``LIVELOOP_OPERATOR_``; unset addresses are the local stack's."""
+
+    model_config = SettingsConfigDict(env_prefix="LIVELOOP_OPERATOR_")
+
+    key: SecretStr | None = Field(default=None, description="The operator key (or pass --key).")
+    model_name: str = Field(default="liveloop-policy", min_length=1, description="The MLflow registered model.")
+    credentials_path: Path | None = Field(default=None, description="Credential file; default: the local stack's.")
+    dsn: SecretStr | None = Field(default=None, description="PostgreSQL audit store; default: the local stack's.")
+    mlflow_url: str | None = Field(default=None, description="MLflow tracking URI; default: the local stack's.")
+    bootstrap: str | None = Field(default=None, description="Kafka bootstrap; default: the local stack's.")
+    promotions_topic: str = Field(
+        default_factory=lambda: TopicsSettings().promotions.name,
+        pattern=r"^[A-Za-z0-9._-]{1,249}$",
+        description="Where decisions are announced.",
+    )
+
+
+app = typer.Typer(help="Operate the champion: promote, roll back, reject.", no_args_is_help=True, add_completion=False)
+console = Console()
+errors = Console(stderr=True, soft_wrap=True)
+
+KeyOption = Annotated[
+    str | None, typer.Option("--key", help="Operator key (env LIVELOOP_OPERATOR_KEY).", show_default=False)
+]
+ReasonOption = Annotated[str, typer.Option("--reason", help="Why; recorded in the history.")]
+ActorOption = Annotated[str | None, typer.Option("--actor", help="Who decides; default: your login name.")]
+
+
+def _fail(message: str, code: int) -> typer.Exit:
+    errors.print(f"[red]error:[/red] {message}", highlight=False)
+    return typer.Exit(code)
+
+
+def _promoter(key: str | None) -> Promoter:
+    """Check the operator key, then build a Promoter on the configured (or local) stack."""
+    try:
+        settings = OperatorSettings()
+        stack_settings = StackSettings()
+        credentials = load_credentials(settings.credentials_path or stack_settings.credentials_path)
+    except (InfraError, ValueError) as exc:
+        raise _fail(str(exc), 2) from exc
+    given = key if key is not None else (settings.key.get_secret_value() if settings.key else None)
+    if not given:
+        raise _fail("an operator key is required: pass --key or set LIVELOOP_OPERATOR_KEY", 2)
+    if not secrets.compare_digest(given.encode(), credentials.operator_key.get_secret_value().encode()):
+        raise _fail("the operator key is wrong; use operator_key from the credential file", 3)
+    if settings.dsn is not None:
+        dsn = settings.dsn.get_secret_value()
+    elif stack_settings.postgres_dsn is not None:
+        dsn = stack_settings.postgres_dsn.get_secret_value()
+    else:
+        from infra.postgres import LocalPostgres
+
+        dsn = LocalPostgres(stack_settings, credentials).dsn()
+    return Promoter(
+        registry=Registry(settings.mlflow_url or stack_settings.mlflow_address),
+        dsn=dsn,
+        bootstrap=settings.bootstrap or stack_settings.kafka_address,
+        topic=settings.promotions_topic,
+        model_name=settings.model_name,
+    )
+
+
+def _show(event: PromotionEvent) -> None:
+    moved = f"v{event.from_version} -> v{event.to_version}" if event.action != "reject" else f"v{event.to_version}"
+    console.print(f"{event.action} {event.model_name} {moved} by {event.actor} (history #{event.history_id})")
+
+
+def _run(action: str, key: str | None, call: Callable[[Promoter], PromotionEvent]) -> None:
+    promoter = _promoter(key)
+    try:
+        event = call(promoter)
+    except ServingError as exc:
+        raise _fail(f"{action} refused: {exc}", 1) from exc
+    _show(event)
+
+
+@app.command()
+def promote(
+    version: Annotated[int, typer.Argument(help="The MLflow model version to make champion.", min=1)],
+    reason: ReasonOption,
+    key: KeyOption = None,
+    actor: ActorOption = None,
+) -> None:
+    """Move ``champion`` to VERSION (serving swaps to it)."""
+    who = actor or getpass.getuser()
+    _run("promote", key, lambda p: p.promote(version, actor=who, reason=reason))
+
+
+@app.command()
+def rollback(reason: ReasonOption, key: KeyOption = None, actor: ActorOption = None) -> None:
+    """Move ``champion`` back to the previous champion of the promotion history, in one step."""
+    who = actor or getpass.getuser()
+    _run("rollback", key, lambda p: p.rollback(actor=who, reason=reason))
+
+
+@app.command()
+def reject(
+    version: Annotated[int, typer.Argument(help="The MLflow model version to refuse for good.", min=1)],
+    reason: ReasonOption,
+    key: KeyOption = None,
+    actor: ActorOption = None,
+) -> None:
+    """Refuse VERSION: recorded, never promoted, and its canary stops."""
+    who = actor or getpass.getuser()
+    _run("reject", key, lambda p: p.reject(version, actor=who, reason=reason))

@@ -1,0 +1,85 @@
+"""``liveloop simulate``: synthetic users of a code assistant against the running loop.
+
+The lead mounts :data:`app` on the main CLI (``app.add_typer(sim_cli.app, name="simulate")``); its callback is
+the command, so ``liveloop simulate --minutes 5 --seed 7`` runs it. Options override ``LIVELOOP_SIMULATOR_*``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+app = typer.Typer(help="Simulated users with hidden preferences.", add_completion=False)
+
+
+def _mix(text: str) -> dict[str, float]:
+    """``semicolons=3,snake_case=1`` -> ``{"semicolons": 3.0, "snake_case": 1.0}``."""
+    mix: dict[str, float] = {}
+    for part in text.split(","):
+        name, _, weight = part.partition("=")
+        try:
+            mix[name.strip()] = float(weight) if weight else 1.0
+        except ValueError:
+            raise typer.BadParameter(f"{part!r}: write NAME=WEIGHT, e.g. semicolons=3,snake_case=1") from None
+    return mix
+
+
+@app.callback(invoke_without_command=True)
+def simulate(
+    minutes: Annotated[float | None, typer.Option(help="How long new sessions keep starting.")] = None,
+    seed: Annotated[int | None, typer.Option(help="Run seed: the same seed repeats the same users.")] = None,
+    profile: Annotated[
+        str | None, typer.Option(help="Profile of every session: semicolons, snake_case, fickle, noisy.")
+    ] = None,
+    mix: Annotated[str | None, typer.Option(help="A profile mix instead, e.g. semicolons=3,snake_case=1.")] = None,
+    rate: Annotated[float | None, typer.Option(help="Sessions started per second.")] = None,
+    sessions: Annotated[int | None, typer.Option(help="Stop after this many sessions.")] = None,
+    concurrency: Annotated[int | None, typer.Option(help="Sessions running at once, at most.")] = None,
+    gateway: Annotated[str | None, typer.Option(help="Gateway base URL, e.g. http://127.0.0.1:8000/v1.")] = None,
+    summary: Annotated[Path | None, typer.Option(help="Write the run's summary here as JSON.")] = None,
+) -> None:
+    """Run simulated sessions against the gateway and print a summary (acceptance by policy version)."""
+    from pydantic import ValidationError
+
+    from infra.errors import InfraError
+    from liveloop.simulator.errors import SimulatorError
+    from liveloop.simulator.runner import simulate as run_simulation
+    from liveloop.simulator.settings import SimulatorSettings
+
+    overrides: dict[str, Any] = {
+        "minutes": minutes,
+        "seed": seed,
+        "profile": profile,
+        "profile_mix": _mix(mix) if mix else None,
+        "session_rate": rate,
+        "max_sessions": sessions,
+        "concurrency": concurrency,
+        "gateway_url": gateway,
+        "summary_path": summary,
+    }
+    try:
+        settings = SimulatorSettings(**{k: v for k, v in overrides.items() if v is not None})
+    except ValidationError as exc:
+        typer.echo(f"error: invalid simulator settings: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    try:
+        result = run_simulation(settings)
+    except (SimulatorError, InfraError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from exc
+    typer.echo(
+        f"{result.sessions} sessions, {result.requests} requests ({result.request_errors} errors), "
+        f"{sum(result.events.values())} events, {len(result.planted_secrets)} secrets planted, "
+        f"{result.malformed_sent} malformed events sent"
+    )
+    for v in result.versions:
+        low, high = v.acceptance_ci95
+        typer.echo(
+            f"policy version {v.policy_version}: {v.requests} requests, acceptance {v.acceptance_rate:.3f} "
+            f"[{low:.3f}, {high:.3f}], invalid tool calls {v.invalid_tool_call_rate:.3f}/request"
+        )
+    if summary is None and settings.summary_path is None:
+        typer.echo(json.dumps(result.model_dump(mode="json", exclude={"generation_ids", "timeline"}), indent=2))

@@ -1,0 +1,27 @@
+"""Small statistics the simulator's summary and the demo report share."""
+
+from __future__ import annotations
+
+import math
+
+
+def wilson_interval(successes: int, trials: int, z: float = 1.959963984540054) -> tuple[float, float]:
+    """The Wilson score interval of a binomial proportion (95 % for the default ``z``).
+
+    Better than the normal approximation at the small counts and extreme rates a young policy version has;
+    ``(0.0, 1.0)`` when there are no trials (nothing is known).
+    """
+    if trials < 0 or not 0 <= successes <= trials:
+        raise ValueError(f"need 0 <= successes ({successes}) <= trials ({trials})")
+    if trials == 0:
+        return 0.0, 1.0
+    p = successes / trials
+    denominator = 1 + z * z / trials
+    centre = (p + z * z / (2 * trials)) / denominator
+    half = z * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials)) / denominator
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def intervals_overlap(a: tuple[float, float], b: tuple[float, float]) -> bool:
+    """Whether two closed intervals share a point."""
+    return a[0] <= b[1] and b[0] <= a[1]
