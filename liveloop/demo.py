@@ -140,8 +140,8 @@ def run_demo(options: DemoOptions, console: Console) -> dict[str, Any]:
         summary = simulation.finish()
         report = collect_report(stack, summary, options.profile, options.minutes, base_version)
         console.print("scanning Kafka, PostgreSQL, MLflow and the checkpoints for planted secrets and private sessions")
-        needles = [secret.secret for secret in summary.planted_secrets] + summary.privacy_session_ids
-        report["leaks"] = scan_for_leaks(stack, needles)
+        secrets = [secret.secret for secret in summary.planted_secrets]
+        report["leaks"] = scan_for_leaks(stack, secrets, summary.privacy_session_ids)
         report["leaks_scanned_for"] = {
             "secrets": len(summary.planted_secrets),
             "privacy_sessions": len(summary.privacy_session_ids),

@@ -23,13 +23,18 @@ from psycopg import sql
 from infra.stack import Stack
 
 
-def scan_for_leaks(stack: Stack, needles: Iterable[str]) -> dict[str, int]:
-    """place -> number of records/rows/files holding any needle; places with none are left out."""
-    strings = sorted({needle for needle in needles if needle})
+def scan_for_leaks(stack: Stack, secrets: Iterable[str], session_ids: Iterable[str]) -> dict[str, int]:
+    """place -> number of records/rows/files holding a secret or a private session; places with none left out.
+
+    A session id is looked for as a whole JSON string (``"sim-1"``, so that ``sim-12`` does not match
+    ``sim-1``) and as a whole Kafka key; a secret anywhere.
+    """
+    sessions = sorted({session for session in session_ids if session})
+    strings = sorted({secret for secret in secrets if secret} | {f'"{session}"' for session in sessions})
     if not strings:
         return {}
     found: dict[str, int] = {}
-    found.update(_kafka(stack.endpoints.kafka_bootstrap, [s.encode() for s in strings]))
+    found.update(_kafka(stack.endpoints.kafka_bootstrap, [s.encode() for s in strings], {s.encode() for s in sessions}))
     found.update(_postgres(stack.endpoints.dsn(), strings))
     state = stack.settings.state_dir
     for folder in (state / "mlflow-artifacts", state / "learner"):
@@ -37,7 +42,7 @@ def scan_for_leaks(stack: Stack, needles: Iterable[str]) -> dict[str, int]:
     return {place: count for place, count in found.items() if count}
 
 
-def _kafka(bootstrap: str, needles: list[bytes]) -> dict[str, int]:
+def _kafka(bootstrap: str, needles: list[bytes], keys: set[bytes]) -> dict[str, int]:
     consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, consumer_timeout_ms=2000)
     found: dict[str, int] = {}
     try:
@@ -56,7 +61,7 @@ def _kafka(bootstrap: str, needles: list[bytes]) -> dict[str, int]:
                 for records in batch.values():
                     for record in records:
                         data = (record.key or b"") + b"\0" + (record.value or b"")
-                        hits += any(needle in data for needle in needles)
+                        hits += record.key in keys or any(needle in data for needle in needles)
             found[f"kafka:{topic}"] = hits
     finally:
         consumer.close()
