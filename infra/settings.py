@@ -70,7 +70,14 @@ class StackSettings(LiveloopSettings):
         description="Downloaded artifacts (the Kafka jars), kept outside the work tree and reused.",
     )
     host: str = Field(default="127.0.0.1", description="Address every local service binds to.")
-    startup_timeout_s: float = Field(default=90.0, gt=0, le=600)
+    startup_timeout_s: float = Field(default=90.0, gt=0, le=600, description="How long the services may take to start.")
+    component_startup_timeout_s: float = Field(
+        default=300.0,
+        gt=0,
+        le=1800,
+        description="How long the loop's components may take to answer their health checks once started "
+        "(the learner and the gateway import torch and DeepSpeed, slow on a busy 2-core machine).",
+    )
 
     kafka_bootstrap: str | None = Field(default=None, description="External broker; when set none is started.")
     kafka_version: str = Field(default="4.3.1", pattern=r"^4\.\d+\.\d+$")

@@ -119,17 +119,32 @@ class Stack:
                 argv += spec.argv
             # The component inherits this environment (PATH, ...) with its own settings on top.
             self.component(spec.name).start(argv, env={**os.environ, **spec.env})
+        components_started = time.monotonic()
         for spec in components:
             if spec.health_url is not None:
                 url = spec.health_url
-                self._wait(spec.name, lambda url=url: http_ok(url), started, timings)  # type: ignore[misc]
+                self._wait(
+                    spec.name,
+                    lambda url=url: http_ok(url),  # type: ignore[misc]
+                    components_started,
+                    timings,
+                    self.settings.component_startup_timeout_s,
+                )
         return timings
 
-    def _wait(self, name: str, check: Callable[[], bool], started: float, timings: dict[str, float]) -> None:
-        remaining = self.settings.startup_timeout_s - (time.monotonic() - started)
+    def _wait(
+        self,
+        name: str,
+        check: Callable[[], bool],
+        started: float,
+        timings: dict[str, float],
+        budget_s: float | None = None,
+    ) -> None:
+        budget = budget_s if budget_s is not None else self.settings.startup_timeout_s
+        remaining = budget - (time.monotonic() - started)
         if not wait_until(check, timeout_s=max(remaining, 1.0), interval_s=0.3):
             log = self.settings.logs_dir / f"{name}.log"
-            raise ServiceStartError(f"{name} was not healthy within {self.settings.startup_timeout_s:.0f} s; see {log}")
+            raise ServiceStartError(f"{name} was not healthy within {budget:.0f} s; see {log}")
         timings[name] = time.monotonic() - started
 
     def down(self, components: Sequence[str] = ()) -> list[str]:

@@ -92,7 +92,7 @@ def status(as_json: Annotated[bool, typer.Option("--json", help="Print machine-r
 
 @app.command()
 def demo(
-    minutes: Annotated[float, typer.Option(help="How long the simulated users send traffic.", min=0.5)] = 10.0,
+    minutes: Annotated[float, typer.Option(help="How long the simulated users send traffic.", min=0.5)] = 8.0,
     seed: Annotated[int, typer.Option(help="Seed of the simulator and the base model.")] = 7,
     profile: Annotated[
         str,
@@ -121,7 +121,7 @@ def demo(
     if "acceptance_gain_points" in verdict:
         console.print(
             f"acceptance {verdict['base_acceptance']:.3f} (base) -> {verdict['final_acceptance']:.3f} "
-            f"(model version {result['final_champion']}): {verdict['acceptance_gain_points']:+.1f} points, "
+            f"(policy version {verdict['judged_policy_version']}): {verdict['acceptance_gain_points']:+.1f} points, "
             f"{verdict['promotions']} promotion(s)"
         )
     else:

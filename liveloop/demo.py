@@ -56,7 +56,7 @@ PRETRAIN_STEPS = 400
 class DemoOptions:
     """What ``liveloop demo`` was asked for."""
 
-    minutes: float = 10.0
+    minutes: float = 8.0
     seed: int = 7
     profile: str = "semicolons"
     report_dir: Path = Path("demo-report")

@@ -100,12 +100,17 @@ def collect_report(
 def verdict(report: dict[str, Any]) -> dict[str, Any]:
     """Did the loop make the model better? The last promoted version against the base champion."""
     by_policy = {v["policy_version"]: v for v in report["versions"]}
+    policy_of = {v["model_version"]: v["policy_version"] for v in report["versions"] if v["model_version"]}
+    policy_of.update({c["model_version"]: c["policy_version"] for c in report["checkpoints"] if c["model_version"]})
+    moves = [p for p in report["promotions"] if p["action"] == "promote" and p["from"] is not None]
+    # The newest promoted checkpoint that users met: one promoted in the last seconds served nobody yet.
+    served = [policy_of[p["to"]] for p in moves if p["to"] in policy_of and policy_of[p["to"]] in by_policy]
     base = by_policy.get(0)
-    final = by_policy.get(report["final_champion_policy_version"])
-    promotions = sum(1 for p in report["promotions"] if p["action"] == "promote" and p["from"] is not None)
-    result: dict[str, Any] = {"promotions": promotions}
-    if base is None or final is None or final is base:
+    final = by_policy.get(served[-1]) if served else None
+    result: dict[str, Any] = {"promotions": len(moves)}
+    if base is None or final is None:
         return {**result, "improved": False, "why": "no promoted checkpoint served requests"}
+    result["judged_policy_version"] = final["policy_version"]
     gain = final["acceptance_rate"] - base["acceptance_rate"]
     separate = not intervals_overlap(tuple(base["acceptance_ci95"]), tuple(final["acceptance_ci95"]))
     return {
@@ -140,7 +145,8 @@ def _markdown(report: dict[str, Any]) -> str:
     ]
     if "acceptance_gain_points" in v:
         lines += [
-            f"Acceptance went from {v['base_acceptance']:.3f} to {v['final_acceptance']:.3f} "
+            f"Acceptance went from {v['base_acceptance']:.3f} (base) to {v['final_acceptance']:.3f} (policy version "
+            f"{v['judged_policy_version']}, the newest promoted one that served requests) "
             f"({v['acceptance_gain_points']:+.1f} points; 95 % intervals "
             f"{'do not overlap' if v['intervals_separate'] else 'overlap'}). "
             f"Loophole {'not exploited' if v['loophole_not_exploited'] else 'EXPLOITED'}.",
