@@ -62,6 +62,8 @@ class ComponentSpec:
     lag_topics: Sequence[str] = ()
     restart: bool = True
     """Run under :mod:`infra.keeper`, which restarts the process with back-off whenever it dies."""
+    clear_env: Sequence[str] = ()
+    """Variables of ``up``'s environment the component must not inherit (e.g. another job's rendezvous)."""
 
 
 class Stack:
@@ -118,7 +120,8 @@ class Stack:
                 argv = [sys.executable, "-m", "infra.keeper", "--state", str(self.keeper_state_path(spec.name)), "--"]
                 argv += spec.argv
             # The component inherits this environment (PATH, ...) with its own settings on top.
-            self.component(spec.name).start(argv, env={**os.environ, **spec.env})
+            inherited = {key: value for key, value in os.environ.items() if key not in spec.clear_env}
+            self.component(spec.name).start(argv, env={**inherited, **spec.env})
         components_started = time.monotonic()
         for spec in components:
             if spec.health_url is not None:

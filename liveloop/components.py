@@ -89,6 +89,9 @@ def loop_components(stack: Stack) -> list[ComponentSpec]:
             },
             lag_group=learner.consumer_group,
             lag_topics=(topics.samples.name,),
+            # A rendezvous inherited from the caller (a test process, a torchrun job) would make the learner
+            # join that process group's port instead of making its own.
+            clear_env=("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK"),
         ),
         ComponentSpec(
             name="gate",

@@ -35,7 +35,7 @@ def _processes_using(path: Path) -> list[str]:
     return found
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(900)
 def test_up_status_down_leave_nothing_running(tmp_path: Path) -> None:
     state = tmp_path / "state"
     ports = {name: free_port() for name in ("KAFKA_PORT", "KAFKA_CONTROLLER_PORT", "POSTGRES_PORT", "MLFLOW_PORT")}
@@ -50,7 +50,7 @@ def test_up_status_down_leave_nothing_running(tmp_path: Path) -> None:
     )
     pids: list[int] = []
     try:
-        up = _run(["up"], env)
+        up = _run(["up"], env, timeout=420)
         assert up.returncode == 0, up.stdout + up.stderr
 
         status = _run(["status", "--json"], env)
@@ -85,7 +85,7 @@ def test_up_status_down_leave_nothing_running(tmp_path: Path) -> None:
 
         # Idempotent: a second `up` finds everything running and starts nothing new.
         before = sorted(p.split(":")[0] for p in _processes_using(state))
-        again = _run(["up"], env)
+        again = _run(["up"], env, timeout=420)
         assert again.returncode == 0, again.stdout + again.stderr
         assert sorted(p.split(":")[0] for p in _processes_using(state)) == before
     finally:
