@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import socket
 import urllib.error
 import urllib.request
+from typing import Any
 
 from infra.errors import PrerequisiteMissing
 
@@ -37,3 +39,15 @@ def http_ok(url: str, timeout_s: float = 3.0) -> bool:
             return bool(200 <= resp.status < 300)
     except (urllib.error.URLError, OSError):
         return False
+
+
+def http_json(url: str, timeout_s: float = 3.0) -> dict[str, Any] | None:
+    """The JSON object a GET of ``url`` (http or https only) answers with, or None if it does not."""
+    if not url.startswith(("http://", "https://")):
+        raise ValueError(f"status URL must be http(s), got {url!r}")
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as resp:  # noqa: S310 (scheme checked above)
+            body = json.loads(resp.read())
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
+    return body if isinstance(body, dict) else None

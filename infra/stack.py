@@ -29,7 +29,7 @@ from infra.lag import consumer_lag
 from infra.migrations import migrate
 from infra.mlflow_server import MlflowServer, mlflow_answers
 from infra.postgres import LocalPostgres, find_pg_bin, postgres_answers
-from infra.probes import http_ok
+from infra.probes import http_json, http_ok
 from infra.processes import ManagedProcess, wait_until
 from infra.settings import StackSettings, TopicsSettings
 from infra.topics import ensure_topics
@@ -62,6 +62,8 @@ class ComponentSpec:
     lag_topics: Sequence[str] = ()
     restart: bool = True
     """Run under :mod:`infra.keeper`, which restarts the process with back-off whenever it dies."""
+    status_url: str | None = None
+    """A JSON status document (the learner's step, pending samples...) that ``status`` includes as ``details``."""
     clear_env: Sequence[str] = ()
     """Variables of ``up``'s environment the component must not inherit (e.g. another job's rendezvous)."""
 
@@ -221,6 +223,8 @@ class Stack:
             keeper = read_state(self.keeper_state_path(spec.name)) if pid is not None else None
             if keeper is not None:
                 entry["restarts"] = keeper.restarts
+            if spec.status_url is not None and pid is not None:
+                entry["details"] = http_json(spec.status_url)
             if spec.lag_group is not None:
                 try:
                     entry["lag"] = consumer_lag(e.kafka_bootstrap, spec.lag_group, spec.lag_topics)

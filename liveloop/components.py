@@ -79,6 +79,7 @@ def loop_components(stack: Stack) -> list[ComponentSpec]:
             name="learner",
             argv=[python, "-m", "learner.service"],
             health_url=f"http://{learner.status_host}:{learner.status_port}/healthz",
+            status_url=f"http://{learner.status_host}:{learner.status_port}/status",
             env={
                 "LIVELOOP_LEARNER_BOOTSTRAP": e.kafka_bootstrap,
                 "LIVELOOP_LEARNER_DSN": e.dsn(),

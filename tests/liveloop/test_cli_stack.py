@@ -68,6 +68,11 @@ def test_up_status_down_leave_nothing_running(tmp_path: Path) -> None:
         assert set(components) == {"ingest-api", "archiver", "distiller", "learner", "gate", "gateway"}
         assert all(c["healthy"] for c in components.values()), components
         assert all(c["restarts"] == 0 for c in components.values()), components
+        learner = components["learner"]["details"]  # the learner's own /status
+        assert (learner["state"], learner["step"], learner["policy_version"]) == ("running", 0, 0)
+        assert learner["samples_since_checkpoint"] == 0
+        assert "next_checkpoint_at" in learner
+        assert learner["lag"] == {"0": 0, "1": 0, "2": 0}
         assert components["archiver"]["lag"] == 0
         pids = [c["pid"] for c in components.values()]
         # The password never reaches the status output.
