@@ -11,7 +11,7 @@ export DS_ACCELERATOR ?= cpu
 # Quiet pip and keep its downloads in the user cache, outside the work tree.
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: install setup test lint typecheck pytest demo up down status bench clean
+.PHONY: install setup test lint typecheck pytest demo up down status bench reliability clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -54,5 +54,11 @@ status: install
 bench: setup
 	$(BIN)/python -m pytest tests/bench -p no:randomly -q -s --override-ini addopts=
 
+# The reliability suite at full size (10 minutes of load, 10,000 fuzz requests per API, longer faults);
+# `make test` runs the same tests in a shortened form. The report goes to reliability-report/.
+reliability: setup
+	rm -rf reliability-report
+	LIVELOOP_RELIABILITY_FULL=1 $(BIN)/python -m pytest tests/reliability -p no:randomly -q -s
+
 clean: down
-	rm -rf .liveloop bench-results
+	rm -rf .liveloop bench-results reliability-report

@@ -113,11 +113,21 @@ class ReplayReport:
         )
 
 
-_EVENTS = "SELECT session_id, body::text FROM events{} ORDER BY session_id, kafka_partition, kafka_offset"
-_LATE = "SELECT l.event_id FROM late_feedback l{}"
-_STORED = "SELECT sample_id, body::text FROM samples WHERE spec_hash = %(hash)s{}"
-_IN_SESSIONS = " WHERE session_id = ANY(%(sessions)s)"
-_LATE_IN_SESSIONS = " JOIN events e USING (event_id) WHERE e.session_id = ANY(%(sessions)s)"
+# Whole literal queries, one per variant (every session, or only some): no query text is ever built
+# at run time, and the session ids are always a parameter.
+_EVENTS_ALL = "SELECT session_id, body::text FROM events ORDER BY session_id, kafka_partition, kafka_offset"
+_EVENTS_IN_SESSIONS = (
+    "SELECT session_id, body::text FROM events WHERE session_id = ANY(%(sessions)s)"
+    " ORDER BY session_id, kafka_partition, kafka_offset"
+)
+_LATE_ALL = "SELECT l.event_id FROM late_feedback l"
+_LATE_IN_SESSIONS = (
+    "SELECT l.event_id FROM late_feedback l JOIN events e USING (event_id) WHERE e.session_id = ANY(%(sessions)s)"
+)
+_STORED_ALL = "SELECT sample_id, body::text FROM samples WHERE spec_hash = %(hash)s"
+_STORED_IN_SESSIONS = (
+    "SELECT sample_id, body::text FROM samples WHERE spec_hash = %(hash)s AND session_id = ANY(%(sessions)s)"
+)
 
 
 def replay_from_database(
@@ -135,11 +145,11 @@ def replay_from_database(
     sessions = 0
     try:
         with psycopg.connect(dsn) as conn:
-            late = {row[0] for row in conn.execute(_LATE.format("" if everything else _LATE_IN_SESSIONS), params)}
-            in_sessions = "" if everything else _IN_SESSIONS.replace("WHERE", "AND")
-            stored: dict[str, str] = dict(conn.execute(_STORED.format(in_sessions), params).fetchall())
+            late = {row[0] for row in conn.execute(_LATE_ALL if everything else _LATE_IN_SESSIONS, params)}
+            stored_query = _STORED_ALL if everything else _STORED_IN_SESSIONS
+            stored: dict[str, str] = dict(conn.execute(stored_query, params).fetchall())
             with conn.cursor(name="replay_events") as cursor:  # server-side: sessions stream in, one at a time
-                cursor.execute(_EVENTS.format("" if everything else _IN_SESSIONS), params)
+                cursor.execute(_EVENTS_ALL if everything else _EVENTS_IN_SESSIONS, params)
                 for _, rows in itertools.groupby(cursor, key=lambda row: row[0]):
                     sessions += 1
                     events = [parse_event(body) for _, body in rows]

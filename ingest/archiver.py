@@ -101,6 +101,9 @@ class ArchiverSettings(LiveloopSettings):
         default=10.0, ge=6, le=1800, description="How long a crashed archiver holds its partitions before takeover."
     )
     metrics_port: int | None = Field(default=None, ge=1, le=65535, description="Prometheus port; unset: not served.")
+    metrics_host: str = Field(
+        default="127.0.0.1", min_length=1, description="Address of the Prometheus endpoint; loopback by default."
+    )
 
 
 def _unstorable(policy_version: int | None, raw: bytes) -> str | None:
@@ -399,7 +402,8 @@ def main() -> int:
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
     if settings.metrics_port is not None:
-        start_http_server(settings.metrics_port, registry=REGISTRY)
+        # prometheus_client listens on every interface unless told otherwise.
+        start_http_server(settings.metrics_port, addr=settings.metrics_host, registry=REGISTRY)
     with Archiver(settings) as archiver:
         archiver.run(stop)
     return 0

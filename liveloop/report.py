@@ -15,10 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+from psycopg import sql
 
 from infra.stack import Stack
 from liveloop.simulator.stats import intervals_overlap
 from liveloop.simulator.summary import SimulationSummary
+
+_COUNT = sql.SQL("SELECT count(*) FROM {}")
 
 
 def collect_report(
@@ -44,7 +47,7 @@ def collect_report(
             "SELECT action, from_version, to_version, actor, reason, at FROM promotions ORDER BY id"
         ).fetchall()
         counts = {
-            table: int(conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0])  # type: ignore[index]
+            table: int(conn.execute(_COUNT.format(sql.Identifier(table))).fetchone()[0])  # type: ignore[index]
             for table in ("events", "samples", "dead_letters")
         }
     policy_of = {model_version: policy for policy, model_version, _ in lineage if model_version is not None}

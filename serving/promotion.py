@@ -208,11 +208,17 @@ class Promoter:
         reason: str,
         evaluation_id: uuid.UUID | None,
     ) -> PromotionEvent:
-        row = conn.execute(
-            "INSERT INTO promotions (model_name, action, from_version, to_version, actor, reason, evaluation_id) "
-            "VALUES (%s, %s, %s, %s, %s, %s, %s) RETURNING id, at",
-            (self.model_name, action, from_version, to_version, actor, reason, evaluation_id),
-        ).fetchone()
+        try:
+            row = conn.execute(
+                "INSERT INTO promotions (model_name, action, from_version, to_version, actor, reason, evaluation_id) "
+                "VALUES (%s, %s, %s, %s, %s, %s, %s) RETURNING id, at",
+                (self.model_name, action, from_version, to_version, actor, reason, evaluation_id),
+            ).fetchone()
+        except psycopg.DataError as exc:  # e.g. a NUL character, which PostgreSQL text cannot hold
+            raise PromotionError(
+                f"the promotions history refused actor {actor!r} / reason {reason!r}: {exc}; "
+                "remove control characters such as NUL from them"
+            ) from exc
         assert row is not None  # INSERT ... RETURNING always returns the row
         return PromotionEvent(
             history_id=int(row[0]),
