@@ -23,6 +23,7 @@ import copy
 import hashlib
 import logging
 import os
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -105,6 +106,13 @@ def init_distributed(world_size: int) -> tuple[int, int]:
     """
     import deepspeed
 
+    options: dict[str, Any] = {}
+    if world_size == 1 and "MASTER_PORT" not in os.environ:
+        # A rendezvous over TCP makes torch's store listen on every interface; a lone process needs no
+        # network at all, so it meets itself in a file (the MASTER_* defaults below only quiet DeepSpeed's
+        # launcher discovery).
+        rendezvous = Path(tempfile.mkdtemp(prefix="liveloop-rendezvous-")) / "store"
+        options = {"init_method": f"file://{rendezvous}", "rank": 0, "world_size": 1}
     if world_size == 1:
         os.environ.setdefault("RANK", "0")
         os.environ.setdefault("LOCAL_RANK", "0")
@@ -118,7 +126,7 @@ def init_distributed(world_size: int) -> tuple[int, int]:
             "with MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE and LOCAL_RANK set"
         )
     logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
-    deepspeed.init_distributed(dist_backend="nccl" if on_gpu() else "gloo", verbose=False)
+    deepspeed.init_distributed(dist_backend="nccl" if on_gpu() else "gloo", verbose=False, **options)
     return int(os.environ["RANK"]), world_size
 
 

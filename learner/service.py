@@ -136,7 +136,7 @@ class Learner:
         try:
             self.board.update(state="recovering", status_port=self.server.port)
             self.recover()
-            self.board.update(state="running")
+            self.board.update(state="running", activity="waiting")  # activity: waiting, training, checkpointing
             while not self.stopping:
                 self._take(self.source_.poll(self.settings.poll_timeout_ms))
                 due = self._checkpoint_due()  # once: a checkpoint always takes the buffer in a round first
@@ -264,6 +264,7 @@ class Learner:
 
     def _round(self, records: list[Polled], ranges: list[OffsetRange], replay: RoundEntry | None) -> None:
         """Journal (unless replaying) and train one round on ``records`` (sorted by partition, offset)."""
+        self.board.update(activity="training")
         if replay is None:
             self.journal.append(RoundEntry(round=self.round + 1, parent=self.last.checkpoint_id, ranges=ranges))
         elif replay.round != self.round + 1:
@@ -302,6 +303,7 @@ class Learner:
             if index == 0:
                 pause_if(self.settings, "mid_round")
         ROUNDS.inc()
+        self.board.update(activity="waiting")
         log.info("round %d: %d records, %d accepted, %d steps", self.round, len(records), len(accepted), len(batches))
 
     # -- checkpoints --------------------------------------------------------------------------
@@ -313,6 +315,7 @@ class Learner:
 
     def _checkpoint(self, replay: CheckpointEntry | None) -> None:
         started = time.monotonic()
+        self.board.update(activity="checkpointing")
         policy_version = self.last.policy_version + 1
         checkpoint_id = checkpoint_id_for(self.settings.model_name, policy_version)
         if replay is None:
@@ -372,6 +375,7 @@ class Learner:
         self._publish()
         if self.source is not None and self.settings.publishes:
             self.source.commit(self.positions)
+        self.board.update(activity="waiting")
 
     def _publish(self) -> None:
         self.outbox.flush()

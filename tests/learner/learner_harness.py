@@ -96,16 +96,17 @@ class LearnerJob:
         log_dir.mkdir(parents=True, exist_ok=True)
         for rank in range(world_size):
             rank_env = dict(env)
-            rank_env.update(
-                {
-                    "MASTER_ADDR": "127.0.0.1",
-                    "MASTER_PORT": port,
-                    "RANK": str(rank),
-                    "LOCAL_RANK": str(rank),
-                    "WORLD_SIZE": str(world_size),
-                    "LIVELOOP_LEARNER_WORLD_SIZE": str(world_size),
-                }
-            )
+            rank_env["LIVELOOP_LEARNER_WORLD_SIZE"] = str(world_size)
+            if world_size > 1:  # a lone learner makes its own rendezvous, as `liveloop up` runs it
+                rank_env.update(
+                    {
+                        "MASTER_ADDR": "127.0.0.1",
+                        "MASTER_PORT": port,
+                        "RANK": str(rank),
+                        "LOCAL_RANK": str(rank),
+                        "WORLD_SIZE": str(world_size),
+                    }
+                )
             log = log_dir / f"{name}-rank{rank}-{int(time.time() * 1000)}.log"
             self.logs.append(log)
             with log.open("wb") as handle:

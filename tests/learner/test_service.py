@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 import psycopg
 import pytest
 import torch
@@ -91,6 +92,11 @@ def test_a_killed_and_restarted_learner_ends_bit_identical_to_an_uninterrupted_o
         assert status["samples_since_checkpoint"] == 0
         assert status["last_checkpoint_id"] == _ids(3)[0]
         assert sum(status["lag"].values()) == 0
+        assert status["activity"] == "waiting"
+        # A lone learner meets its process group in a file: nothing of it listens beyond loopback.
+        sockets = psutil.Process(crashy.procs[0].pid).net_connections("inet")
+        listening = {sock.laddr.ip for sock in sockets if sock.status == psutil.CONN_LISTEN}
+        assert listening <= {"127.0.0.1"}, listening
         assert calm.stop() == [0]
         assert crashy.stop() == [0]
         # A crash between the rename and the published marker: the next start publishes again (idempotent).
