@@ -28,6 +28,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import faust
+import mode
 from kafka.partitioner.default import murmur2
 
 from distill import tuning
@@ -65,7 +66,7 @@ def partition_of(key: bytes, partitions: int) -> int:
 def build_app(settings: DistillSettings, spec: RewardSpec | None = None) -> faust.App:
     """The distiller's Faust app, wired to ``settings``."""
     spec = spec or load_spec(settings.spec_path)
-    sink = AuditSink(settings.dsn.get_secret_value())
+    sink = AuditSink(settings.dsn.get_secret_value(), retry_for_s=settings.audit_retry_s)
     deadlines = DeadlineIndex(spec, SETTLED_AFTER_S)
     app = faust.App(
         settings.app_id,
@@ -84,6 +85,10 @@ def build_app(settings: DistillSettings, spec: RewardSpec | None = None) -> faus
         web_bind=settings.web_host,
         web_port=settings.web_port,
         web_in_thread=False,
+        # An agent that fails ends the process (the keeper starts it again) rather than being restarted in
+        # place: a fresh process re-reads everything not committed, while an agent restarted in place would
+        # carry on after the batch it failed, whose records Faust may already count as processed.
+        agent_supervisor=mode.CrashingSupervisor,
     )
     tuning.install(app, settings.fetch_max_wait_s)
     raw: dict[str, Any] = {"key_type": bytes, "value_type": bytes, "key_serializer": "raw", "value_serializer": "raw"}

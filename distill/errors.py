@@ -8,6 +8,8 @@
   producer must fix the token ids it sends.
 - :class:`InvalidSample`: bytes on the samples topic are not a sample of a supported schema.
   Dead-letter them; do not retry.
+- :class:`AuditStoreUnavailable`: PostgreSQL stayed unreachable longer than the sink waits. Crash: the
+  batch's offsets are not committed, so a restarted distiller reads it again.
 
 Feedback that arrives after its window is not an error: :func:`distill.reward.is_late` tells the
 streaming app, which counts and drops it.
@@ -50,3 +52,8 @@ class MisalignedTrajectory(DistillError):
 
 class InvalidSample(DistillError):
     """Bytes that are not a valid sample (corrupt, or a newer schema). Dead-letter them; do not retry."""
+
+
+class AuditStoreUnavailable(DistillError):
+    """The audit store could not be written for longer than the sink retries. Crash and restart (nothing is lost:
+    the batch's offsets were not committed); check that PostgreSQL runs and the DSN is right."""

@@ -42,5 +42,10 @@ class DistillSettings(LiveloopSettings):
         default=0.05, gt=0, le=1.5, description="Longest the broker holds a fetch of the app's consumer for new data."
     )
     tick_interval_s: float = Field(default=1.0, gt=0, le=60, description="How often closed windows are finalised.")
+    audit_retry_s: float = Field(
+        default=300.0,
+        gt=0,
+        description="How long a write to PostgreSQL waits for an unreachable database before the distiller crashes.",
+    )
     spec_path: Path | None = Field(default=None, description="Reward spec YAML; the packaged default if unset.")
     tokenizer: str | None = Field(default=None, description="The served model's tokenizer, named in each sample.")

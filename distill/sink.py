@@ -1,31 +1,64 @@
 """What the distiller writes to PostgreSQL: samples with their lineage, late feedback, the reward spec.
 
 Every write is idempotent (``ON CONFLICT DO NOTHING`` on deterministic keys), because the distiller
-delivers at least once: a sample seen twice after a crash is stored once.
+delivers at least once: a sample seen twice after a crash is stored once. A write that fails because
+the database is unreachable (a restart, a failover) is retried with back-off instead of failing the
+batch: the stream waits, and nothing it has taken in is acknowledged without being stored.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import Sequence
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
 
+import psycopg
 from psycopg_pool import AsyncConnectionPool
 
+from distill.errors import AuditStoreUnavailable
 from distill.samples import Sample, sample_to_json
 from distill.spec import RewardSpec
 from ingest.events import Event
+
+log = logging.getLogger(__name__)
+
+RETRY_FOR_S = 300.0
+"""How long a write waits for an unreachable database before the distiller gives up (and crashes)."""
 
 
 class AuditSink:
     """An async connection pool to the audit store, opened on first use."""
 
-    def __init__(self, dsn: str) -> None:
-        self._pool = AsyncConnectionPool(dsn, min_size=1, max_size=4, open=False)
+    def __init__(self, dsn: str, retry_for_s: float = RETRY_FOR_S) -> None:
+        # check: a connection the server dropped (a restart) is noticed when it is taken, not when it fails.
+        self._pool = AsyncConnectionPool(
+            dsn, min_size=1, max_size=4, open=False, check=AsyncConnectionPool.check_connection
+        )
         self._opened = False
+        self.retry_for_s = retry_for_s
+
+    async def _retrying(self, what: str, write: Callable[[], Awaitable[None]]) -> None:
+        """Run ``write`` until it succeeds; retry while the database is unreachable, at most ``retry_for_s``."""
+        deadline = time.monotonic() + self.retry_for_s
+        delay = 0.5
+        while True:
+            try:
+                await write()
+                return
+            except psycopg.OperationalError as exc:  # connection refused or lost, pool timeout
+                if time.monotonic() + delay > deadline:
+                    raise AuditStoreUnavailable(
+                        f"could not write {what} to PostgreSQL for {self.retry_for_s:.0f} s: {exc}"
+                    ) from exc
+                log.warning("writing %s: the audit store is unreachable (%s); retrying in %.1f s", what, exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 10.0)
 
     async def _open(self) -> AsyncConnectionPool:
         if not self._opened:
-            await self._pool.open(wait=True, timeout=30)
+            await self._pool.open(wait=True, timeout=min(30.0, self.retry_for_s))
             self._opened = True
         return self._pool
 
@@ -34,18 +67,20 @@ class AuditSink:
             await self._pool.close()
 
     async def record_spec(self, spec: RewardSpec) -> None:
-        pool = await self._open()
-        async with pool.connection() as conn:
-            await conn.execute(
-                "INSERT INTO reward_specs (spec_hash, version, body) VALUES (%s, %s, %s) ON CONFLICT DO NOTHING",
-                (spec.spec_hash, spec.version, spec.canonical_json().decode()),
-            )
+        async def write() -> None:
+            pool = await self._open()
+            async with pool.connection() as conn:
+                await conn.execute(
+                    "INSERT INTO reward_specs (spec_hash, version, body) VALUES (%s, %s, %s) ON CONFLICT DO NOTHING",
+                    (spec.spec_hash, spec.version, spec.canonical_json().decode()),
+                )
+
+        await self._retrying("the reward spec", write)
 
     async def write_samples(self, samples: Sequence[Sample]) -> None:
         """Store samples and their source events in one transaction."""
         if not samples:
             return
-        pool = await self._open()
         rows = [
             (
                 s.sample_id, s.generation_id, s.session_id, s.user_id, s.tenant, s.policy_version, s.reward,
@@ -54,30 +89,39 @@ class AuditSink:
             for s in samples
         ]  # fmt: skip
         lineage = [(s.sample_id, event_id) for s in samples for event_id in s.source_event_ids]
-        async with pool.connection() as conn, conn.transaction(), conn.cursor() as cur:
-            await cur.executemany(
-                "INSERT INTO samples (sample_id, generation_id, session_id, user_id, tenant, policy_version,"
-                " reward, components, spec_hash, body) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
-                " ON CONFLICT (sample_id) DO NOTHING",
-                rows,
-            )
-            await cur.executemany(
-                "INSERT INTO sample_events (sample_id, event_id) VALUES (%s, %s) ON CONFLICT DO NOTHING", lineage
-            )
+
+        async def write() -> None:
+            pool = await self._open()
+            async with pool.connection() as conn, conn.transaction(), conn.cursor() as cur:
+                await cur.executemany(
+                    "INSERT INTO samples (sample_id, generation_id, session_id, user_id, tenant, policy_version,"
+                    " reward, components, spec_hash, body) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+                    " ON CONFLICT (sample_id) DO NOTHING",
+                    rows,
+                )
+                await cur.executemany(
+                    "INSERT INTO sample_events (sample_id, event_id) VALUES (%s, %s) ON CONFLICT DO NOTHING", lineage
+                )
+
+        await self._retrying(f"{len(samples)} samples", write)
 
     async def record_late(self, late: Sequence[tuple[Event, str | None]]) -> None:
         """Record feedback that came after its generation was final (it changed nothing), each with the
         id of its generation's sample (``None`` when a guard held the sample back)."""
         if not late:
             return
-        pool = await self._open()
         rows = []
         for event, sample_id in late:
             generation_id = str(event.payload.generation_id)  # type: ignore[union-attr]
             rows.append((event.event_id, generation_id, sample_id, event.type))
-        async with pool.connection() as conn, conn.cursor() as cur:
-            await cur.executemany(
-                "INSERT INTO late_feedback (event_id, generation_id, sample_id, type) VALUES (%s, %s, %s, %s)"
-                " ON CONFLICT (event_id) DO NOTHING",
-                rows,
-            )
+
+        async def write() -> None:
+            pool = await self._open()
+            async with pool.connection() as conn, conn.cursor() as cur:
+                await cur.executemany(
+                    "INSERT INTO late_feedback (event_id, generation_id, sample_id, type) VALUES (%s, %s, %s, %s)"
+                    " ON CONFLICT (event_id) DO NOTHING",
+                    rows,
+                )
+
+        await self._retrying(f"{len(rows)} late feedback events", write)

@@ -1,0 +1,160 @@
+"""The distiller's audit sink rides out a database outage: it waits and retries, it never drops a batch.
+
+The database sits behind a small TCP relay that the test closes and reopens, which is what a restart
+of PostgreSQL looks like to a client (refused connections, dropped connections), without stopping the
+session's server that other tests use.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from distill.errors import AuditStoreUnavailable
+from distill.samples import Sample, sample_id_for
+from distill.sink import AuditSink
+from distill.spec import load_spec
+from infra.migrations import migrate
+from infra.stack import Endpoints
+from tests.distill.stream_harness import StreamHarness
+from tests.learner.sample_factory import make_sample
+
+
+class Relay:
+    """Forwards 127.0.0.1:<port> to the database while open; refuses and cuts connections while closed."""
+
+    def __init__(self, target_host: str, target_port: int) -> None:
+        self.target = (target_host, target_port)
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            self.port = int(sock.getsockname()[1])
+        self._server: asyncio.Server | None = None
+        self._pipes: set[asyncio.Task[None]] = set()
+
+    async def open(self) -> None:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", self.port)
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+            self._server = None
+        for task in list(self._pipes):
+            task.cancel()
+        await asyncio.gather(*self._pipes, return_exceptions=True)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        upstream_reader, upstream_writer = await asyncio.open_connection(*self.target)
+
+        async def pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+            try:
+                while data := await source.read(65536):
+                    sink.write(data)
+                    await sink.drain()
+            finally:
+                sink.close()
+
+        for task in (
+            asyncio.create_task(pipe(reader, upstream_writer)),
+            asyncio.create_task(pipe(upstream_reader, writer)),
+        ):
+            self._pipes.add(task)
+            task.add_done_callback(self._pipes.discard)
+
+
+def _relayed(dsn: str, port: int) -> tuple[str, str, int]:
+    """(the DSN through the relay on ``port``, the real host, the real port)."""
+    info = psycopg.conninfo.conninfo_to_dict(dsn)
+    host, real_port = str(info.get("host", "127.0.0.1")), int(info.get("port", 5432))
+    return psycopg.conninfo.make_conninfo(dsn, host="127.0.0.1", port=port), host, real_port
+
+
+def _samples(spec_hash: str, first: int, count: int) -> list[Sample]:
+    samples = []
+    for number in range(first, first + count):
+        generation_id = uuid.uuid5(uuid.NAMESPACE_URL, f"sink-outage/{number}")
+        sample_id = sample_id_for(generation_id, spec_hash)
+        samples.append(make_sample(number, generation_id=generation_id, sample_id=sample_id, spec_hash=spec_hash))
+    return samples
+
+
+def _stored(dsn: str) -> int:
+    with psycopg.connect(dsn) as conn:
+        return int(conn.execute("SELECT count(*) FROM samples").fetchone()[0])  # type: ignore[index]
+
+
+def test_a_write_during_an_outage_waits_and_lands(fresh_database: str) -> None:
+    migrate(fresh_database)
+    spec = load_spec()
+
+    async def scenario() -> None:
+        info = psycopg.conninfo.conninfo_to_dict(fresh_database)
+        relay = Relay(str(info.get("host", "127.0.0.1")), int(info.get("port", 5432)))
+        dsn, _, _ = _relayed(fresh_database, relay.port)
+        await relay.open()
+        sink = AuditSink(dsn, retry_for_s=60)
+        try:
+            await sink.record_spec(spec)
+            await sink.write_samples(_samples(spec.spec_hash, 0, 5))
+            await relay.close()  # the database goes away: open connections are cut, new ones refused
+            writing = asyncio.create_task(sink.write_samples(_samples(spec.spec_hash, 5, 5)))
+            await asyncio.sleep(3.0)
+            assert not writing.done(), "the write returned while the database was unreachable"
+            await relay.open()  # back again
+            await asyncio.wait_for(writing, timeout=60)
+        finally:
+            await sink.close()
+            await relay.close()
+
+    asyncio.run(scenario())
+    assert _stored(fresh_database) == 10
+
+
+def test_a_database_that_stays_away_fails_the_write_loudly(fresh_database: str) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        nobody = int(sock.getsockname()[1])
+    dsn, _, _ = _relayed(fresh_database, nobody)
+    spec = load_spec()
+
+    async def scenario() -> None:
+        sink = AuditSink(dsn, retry_for_s=2)
+        try:
+            await sink.write_samples(_samples(spec.spec_hash, 0, 1))
+        finally:
+            with contextlib.suppress(Exception):
+                await sink.close()
+
+    with pytest.raises(AuditStoreUnavailable, match="could not write 1 samples to PostgreSQL"):
+        asyncio.run(scenario())
+
+
+def test_a_distiller_whose_database_stays_away_exits_for_its_keeper(
+    endpoints: Endpoints, fresh_database: str, tmp_path: Path
+) -> None:
+    """A failed agent ends the worker (so the keeper starts a fresh one that re-reads what was not committed)
+    instead of Faust restarting the agent in place and carrying on past the batch it failed."""
+    harness = StreamHarness(endpoints.kafka_bootstrap, fresh_database, tmp_path / "distill")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        nobody = int(sock.getsockname()[1])
+    dsn, _, _ = _relayed(fresh_database, nobody)
+    env = {**harness.env(), "LIVELOOP_DISTILL_DSN": dsn, "LIVELOOP_DISTILL_AUDIT_RETRY_S": "2"}
+    with (tmp_path / "worker.log").open("wb") as log:
+        worker = subprocess.Popen([sys.executable, "-m", "distill.app"], env=env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            code = worker.wait(timeout=180)
+        finally:
+            if worker.poll() is None:
+                worker.kill()
+                worker.wait()
+    assert code != 0, (tmp_path / "worker.log").read_text()[-3000:]
+    assert "AuditStoreUnavailable" in (tmp_path / "worker.log").read_text()
