@@ -44,6 +44,7 @@ from infra.settings import LiveloopSettings, Port, TopicsSettings
 from ingest.api_auth import ApiKeys
 from ingest.api_batch import RECORD_OVERHEAD_BYTES, BodyTooLarge, Limits, dead_letter
 from ingest.api_metrics import IngestMetrics
+from ingest.api_openapi import document_openapi
 from ingest.api_producer import EventProducer
 from ingest.api_workers import Judge
 from ingest.dead_letters import DeadLetter
@@ -229,6 +230,7 @@ def create_app(settings: IngestSettings | None = None) -> FastAPI:
                 return answer(413, {"detail": exc.reason})
             return answer(200, {"accepted": 0})
 
+    document_openapi(app, settings.max_batch_items)
     return app
 
 

@@ -12,8 +12,8 @@ Run it with ``python -m serving.gateway`` (settings from ``LIVELOOP_SERVING_*``)
 - ``GET /healthz`` (the process answers), ``GET /readyz`` (a policy version is loaded), ``GET /metrics``.
 
 Every ``/v1`` request needs ``Authorization: Bearer <gateway key>`` (:mod:`serving.gateway_auth`);
-errors are OpenAI-style bodies: 400 invalid request, 401 bad key, 404 unknown model, 503 no version
-loaded yet, 500 engine failure.
+errors are OpenAI-style bodies: 400 invalid request, 401 bad key, 404 unknown model, 413 body over
+``max_request_bytes``, 503 no version loaded yet, 500 engine failure.
 
 Which version serves a request: ``router(session_id)`` when one is given (the canary), else the
 engine's default. One request is served by one version, chosen once when it starts.
@@ -41,9 +41,11 @@ from serving.emission import EventSink, GenerationEmitter, RequestContext
 from serving.engine import Engine, Generation, SamplingParams, UnknownVersion
 from serving.errors import InvalidRequest, NotReady
 from serving.gateway_auth import GatewayKey
+from serving.gateway_openapi import document_openapi
 from serving.metrics import GatewayMetrics
 from serving.openai_responses import Choice, Reply, chat_body, chat_chunks, completion_body, completion_chunks
 from serving.openai_schema import ChatCompletionRequest, CompletionRequest, error_body, parse_body, render_chat
+from serving.request_body import read_limited
 from serving.settings import ServingSettings
 
 log = logging.getLogger(__name__)
@@ -141,7 +143,14 @@ def create_app(
                 {"WWW-Authenticate": "Bearer"},
             )
         started = time.perf_counter()
-        body: Any = parse_body(ChatCompletionRequest if chat else CompletionRequest, await request.body())
+        raw = await read_limited(request, settings.max_request_bytes)
+        if raw is None:
+            message = (
+                f"request body is over this gateway's limit of {settings.max_request_bytes} bytes "
+                "(LIVELOOP_SERVING_MAX_REQUEST_BYTES); send a shorter prompt"
+            )
+            raise _Failure(413, error_body(message, "invalid_request_error", "request_too_large"))
+        body: Any = parse_body(ChatCompletionRequest if chat else CompletionRequest, raw)
         if body.model != settings.model_name:
             message = f"model {body.model!r} is not served here; use {settings.model_name!r} (see GET /v1/models)"
             raise _Failure(404, error_body(message, "invalid_request_error", "model_not_found", "model"))
@@ -261,6 +270,7 @@ def create_app(
         """Prometheus text exposition of this app's registry."""
         return Response(metrics.render(), media_type=metrics.content_type)
 
+    document_openapi(app, settings)
     return app
 
 

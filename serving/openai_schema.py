@@ -46,7 +46,9 @@ class _Common(_Closed):
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
-    seed: int | None = None
+    # A 64-bit seed, as OpenAI documents it: torch's generator refuses anything wider, and that failure
+    # would surface inside the engine's batch (a 500 for every request decoded with it).
+    seed: int | None = Field(default=None, ge=-(2**63), le=2**63 - 1)
     user: str | None = None
     frequency_penalty: float | None = None
     presence_penalty: float | None = None

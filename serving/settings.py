@@ -47,6 +47,13 @@ class ServingSettings(LiveloopSettings):
     max_prompts: int = Field(
         default=16, ge=1, le=256, description="Most choices in one request (prompts times n); more is refused with 400."
     )
+    max_request_bytes: int = Field(
+        default=8 << 20,
+        ge=1 << 10,
+        le=1 << 30,
+        description="Largest request body; a larger one is refused with 413 before it is read in full "
+        "(a huge prompt would otherwise be buffered and tokenized only to be refused for the context).",
+    )
     max_concurrent_requests: int = Field(
         default=64,
         ge=1,

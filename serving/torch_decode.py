@@ -61,7 +61,10 @@ class RowSampler:
         if p.temperature == 0.0:
             token = int(torch.argmax(logits))
             return token, min(0.0, float(torch.log_softmax(logits, dim=-1)[token]))
-        probs = torch.softmax(logits / p.temperature, dim=-1)
+        # Shifted by the max first (softmax does not change) and divided in float64: a tiny temperature then
+        # sends the others to -inf, not the top logit to +inf (or 0/0 where float32 rounds it to 0), which made
+        # every probability NaN and drew an arbitrary token.
+        probs = torch.softmax((logits - logits.max()).double() / p.temperature, dim=-1)
         sorted_probs, order = torch.sort(probs, descending=True)
         cumulative = torch.cumsum(sorted_probs, dim=-1)
         # The nucleus: the fewest most-likely tokens whose mass reaches top_p (never empty).
