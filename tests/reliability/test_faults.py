@@ -1,0 +1,221 @@
+"""Fault injection under load: crash every component, restart the broker and the database, then account.
+
+While the simulator's users and a steady stream of HTTP-ingested sessions run the whole time, each
+component is SIGKILLed once at a random moment (the learner twice: once while it trains, once while it
+writes a checkpoint) and Kafka and PostgreSQL are restarted once each. Afterwards the accounting
+(:mod:`tests.reliability.accounting`) must find nothing lost, nothing doubled, no sample trained twice
+or skipped, no response from a version that was not champion, and a promotion after the last fault;
+nothing of a planted secret or a private session may be stored anywhere, and nothing may listen
+outside loopback. The report (``reliability-report/faults.json`` and ``.md``) has every figure.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+
+import psutil
+import psycopg
+import pytest
+
+from infra.lag import consumer_lag
+from infra.processes import wait_until
+from ingest.client import Client, SdkSettings
+from learner.settings import LearnerSettings
+from liveloop.leak_scan import scan_for_leaks
+from liveloop.simulator.runner import Simulation
+from liveloop.simulator.settings import SimulatorSettings
+from tests.reliability import accounting
+from tests.reliability.faults import FaultInjector, learner_activity
+from tests.reliability.loop import Loop, running_loop
+from tests.reliability.profile import ReliabilityProfile
+from tests.reliability.report import markdown_table, write_section
+from tests.reliability.traffic import HttpSessions, RecordingGateway, RecordingSink
+
+LOOPBACK = {"127.0.0.1", "::1", "::ffff:127.0.0.1"}
+
+
+def _simulator(loop: Loop, state: Path, seed: int) -> SimulatorSettings:
+    return SimulatorSettings(
+        gateway_url=loop.gateway_url,
+        credentials_path=loop.stack.settings.credentials_path,
+        ingest_url=loop.ingest_url,
+        bootstrap=loop.stack.endpoints.kafka_bootstrap,
+        events_topic=loop.stack.topics.events.name,
+        sdk_journal_dir=state / "simulator-journal",
+        profile="semicolons",
+        seed=seed,
+        minutes=120,  # stopped by the test once the faults are over and the loop has promoted again
+        session_rate=0.7,
+        concurrency=8,
+        drain_s=30,
+        request_timeout_s=20,
+        secret_share=0.1,
+        privacy_share=0.1,
+    )
+
+
+def _listening_outside_loopback(loop: Loop) -> list[str]:
+    outside = []
+    for name, processes in loop.processes().items():
+        for process in processes:
+            try:
+                sockets = process.net_connections(kind="inet")
+            except psutil.Error:
+                continue
+            for sock in sockets:
+                if sock.status == psutil.CONN_LISTEN and sock.laddr.ip not in LOOPBACK:
+                    outside.append(f"{name} (pid {process.pid}) listens on {sock.laddr.ip}:{sock.laddr.port}")
+    return outside
+
+
+def _drained(loop: Loop) -> bool:
+    bootstrap = loop.stack.endpoints.kafka_bootstrap
+    for name in ("archiver", "distiller"):
+        spec = loop.spec(name)
+        assert spec.lag_group is not None
+        try:
+            if consumer_lag(bootstrap, spec.lag_group, spec.lag_topics) > 0:
+                return False
+        except Exception:  # a broker still settling is "not yet"
+            return False
+    return True
+
+
+@pytest.mark.timeout(3600)
+def test_faults_under_load_lose_nothing(tmp_path: Path, reliability: ReliabilityProfile) -> None:
+    seed = random.SystemRandom().randrange(10_000)
+    rng = random.Random(seed)  # the moments of the faults, repeatable from the reported seed
+    with running_loop(tmp_path / "loop") as loop:
+        stack = loop.stack
+        dsn = stack.endpoints.dsn()
+        ingest_key = stack.credentials.ingest_keys["default"].get_secret_value()
+        settings = _simulator(loop, tmp_path, seed)
+        client = Client(
+            SdkSettings(
+                bootstrap=settings.bootstrap,
+                topic=settings.events_topic,
+                journal_dir=settings.sdk_journal_dir,
+                client_id="reliability-sim",
+            )
+        )
+        sink = RecordingSink(client)
+        simulation = Simulation(settings, sink=sink)
+        gateway = RecordingGateway(simulation.wiring.gateway)
+        simulation.wiring.gateway = gateway  # type: ignore[assignment]
+        http = HttpSessions(loop.ingest_url, ingest_key, rate=40.0)
+
+        simulation.start()
+        http.start()
+        started, traffic_started_at = time.monotonic(), datetime.now(UTC)
+        faults = FaultInjector(loop, started)
+        traffic_s = reliability.fault_minutes * 60
+
+        def at(fraction: float) -> None:
+            """Wait until ``fraction`` of the traffic time (jittered) has passed."""
+            target = traffic_s * fraction + rng.uniform(-0.03, 0.03) * traffic_s
+            time.sleep(max(0.0, target - (time.monotonic() - started)))
+
+        plan: list[tuple[float, Callable[[], object]]] = [
+            (0.10, lambda: faults.kill_component("ingest-api")),
+            (0.18, lambda: faults.kill_component("archiver")),
+            (0.26, lambda: faults.kill_component("distiller")),
+            (0.34, lambda: faults.kill_component("learner", when=learner_activity(loop, "training"), label="training")),
+            (0.42, lambda: faults.kill_component("gate")),
+            (0.50, lambda: faults.kill_component("gateway")),
+            (
+                0.58,
+                lambda: faults.kill_component(
+                    "learner", when=learner_activity(loop, "checkpointing"), label="writing a checkpoint"
+                ),
+            ),
+            (0.72, faults.restart_kafka),
+            (0.86, faults.restart_postgres),
+        ]
+        try:
+            for fraction, inject in plan:
+                at(fraction)
+                inject()
+            faults_over = datetime.now(UTC)
+            at(1.0)
+            recovered = wait_until(lambda: accounting.promoted_after(dsn, faults_over).ok, timeout_s=420, interval_s=5)
+        finally:
+            simulation.stop()
+            http.stop()
+            summary = simulation.finish()
+            delivered = client.close(timeout=120)
+        traffic_total_s = time.monotonic() - started
+        drained = wait_until(lambda: _drained(loop), timeout_s=300, interval_s=2)
+        # Sessions end with their last event; give the distiller its flush and the archiver its batch.
+        wait_until(lambda: accounting.one_sample_per_generation(dsn).ok, timeout_s=120, interval_s=3)
+
+        accepted = sink.accepted | http.accepted
+        checks = [
+            accounting.events_exactly_once(dsn, accepted, gateway.served),
+            accounting.one_sample_per_generation(dsn),
+            accounting.checkpoints_contiguous(
+                dsn, stack.endpoints.kafka_bootstrap, stack.topics.samples.name, LearnerSettings()
+            ),
+            accounting.served_versions_were_champions(dsn, gateway.served),
+            accounting.promoted_after(dsn, faults_over),
+        ]
+        with psycopg.connect(dsn) as conn:
+            dead_letters = int(conn.execute("SELECT count(*) FROM dead_letters").fetchone()[0])  # type: ignore[index]
+        planted_dead = http.planted + summary.malformed_dead_lettered
+        leaks = scan_for_leaks(stack, [s.secret for s in summary.planted_secrets], summary.privacy_session_ids)
+        outside = _listening_outside_loopback(loop)
+
+    data = {
+        "seed": seed,
+        "traffic_started_at": traffic_started_at.isoformat(),
+        "traffic_s": round(traffic_total_s, 1),
+        "faults": [vars(f) for f in faults.faults],
+        "checks": {c.name: {"ok": c.ok, **c.figures, "violations": c.violations} for c in checks},
+        "simulator": {
+            "sessions": summary.sessions,
+            "requests": summary.requests,
+            "request_errors": summary.request_errors,
+            "events": summary.events,
+            "sdk_delivered_all": delivered,
+        },
+        "http_ingest": {
+            "accepted_events": len(http.accepted),
+            "posts_retried": http.retried_posts,
+            "posts_given_up": http.failed_posts,
+        },
+        "dead_letters": {"archived": dead_letters, "planted": planted_dead},
+        "drained": drained,
+        "recovered": recovered,
+        "leaks": leaks,
+        "listening_outside_loopback": outside,
+    }
+    fault_rows = [(f.target, f.kind, f.at_s, f.recovered, f.recovery_s, f.detail) for f in faults.faults]
+    check_rows = [(c.name, "yes" if c.ok else "NO", _figures(c.figures)) for c in checks]
+    markdown = (
+        f"Seed {seed}; {traffic_total_s:.0f} s of traffic; {summary.requests} completions, "
+        f"{len(accepted)} accepted events.\n\n"
+        + markdown_table(("target", "fault", "at (s)", "recovered", "recovery (s)", "detail"), fault_rows)
+        + "\n"
+        + markdown_table(("check", "holds", "figures"), check_rows)
+        + f"\nDead letters: {dead_letters} archived, {planted_dead} planted. Leaks: {leaks or 'none'}. "
+        f"Listening outside loopback: {outside or 'nothing'}.\n"
+    )
+    write_section(reliability, "faults", data, markdown)
+
+    assert all(f.recovered for f in faults.faults), [vars(f) for f in faults.faults if not f.recovered]
+    assert delivered, "the simulator's SDK could not deliver every event after the faults"
+    assert http.failed_posts == 0, f"{http.failed_posts} ingest posts never got an answer"
+    assert drained, "the archiver or the distiller did not catch up after the traffic stopped"
+    for check in checks:
+        assert check.ok, f"{check.name}: {check.violations} ({check.figures})"
+    assert dead_letters == planted_dead, f"{dead_letters} dead letters archived, {planted_dead} planted"
+    assert leaks == {}, leaks
+    assert outside == [], outside
+    assert recovered
+
+
+def _figures(figures: dict[str, object]) -> str:
+    return ", ".join(f"{key} {value}" for key, value in figures.items())
