@@ -6,7 +6,8 @@ Searches every place the loop keeps data, each read the way its data can be seen
   broker's files cannot simply be grepped);
 - every table of every database on the PostgreSQL server, a row's whole text at a time
   (large values on disk are compressed too);
-- every file of MLflow's artifact store and of the learner's checkpoints and state.
+- every file of the local state folder: MLflow's artifact store, the checkpoints, the journals,
+  the components' own state and the logs (the PostgreSQL cluster's files excepted: see above).
 
 A finding names the place and how many records, rows or files hold a string, never the string itself.
 """
@@ -36,9 +37,14 @@ def scan_for_leaks(stack: Stack, secrets: Iterable[str], session_ids: Iterable[s
     found: dict[str, int] = {}
     found.update(_kafka(stack.endpoints.kafka_bootstrap, [s.encode() for s in strings], {s.encode() for s in sessions}))
     found.update(_postgres(stack.endpoints.dsn(), strings))
-    state = stack.settings.state_dir
-    for folder in (state / "mlflow-artifacts", state / "learner"):
-        found.update(_files(folder, [s.encode() for s in strings]))
+    # Every file of the local state, read as bytes: MLflow's artifacts, the learner's checkpoints and
+    # journal, the gate's and the gateway's downloads, the SDK journals, the distiller's tables, the logs.
+    # The PostgreSQL cluster's files are left out: its rows were read whole above.
+    state = stack.settings.state_dir.resolve()
+    cluster = stack.postgres.root_dir.resolve()
+    for entry in sorted(state.iterdir()) if state.is_dir() else []:
+        if entry.resolve() != cluster:
+            found.update(_files(entry, [s.encode() for s in strings]))
     return {place: count for place, count in found.items() if count}
 
 
@@ -101,10 +107,13 @@ def _postgres(dsn: str, needles: list[str]) -> dict[str, int]:
     return found
 
 
-def _files(folder: Path, needles: list[bytes]) -> dict[str, int]:
-    if not folder.exists():
-        return {}
-    hits = sum(
-        1 for path in folder.rglob("*") if path.is_file() and any(needle in path.read_bytes() for needle in needles)
-    )
-    return {f"files:{folder.name}": hits}
+def _files(entry: Path, needles: list[bytes]) -> dict[str, int]:
+    paths = [entry] if entry.is_file() else [path for path in entry.rglob("*") if path.is_file()]
+    hits = 0
+    for path in paths:
+        try:
+            data = path.read_bytes()
+        except OSError:  # a file removed while the scan runs (a log rotated, a temporary folder)
+            continue
+        hits += any(needle in data for needle in needles)
+    return {f"files:{entry.name}": hits}
