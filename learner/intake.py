@@ -13,6 +13,8 @@ and the first reason that applies is the one counted:
    there is nothing to train on.
 
 Only admitted samples are remembered as seen, so the seen set is exactly what was (or will be) trained on.
+It is kept bounded (:func:`recent_seen`): a sample too old to pass the staleness check needs no remembering,
+since a re-delivery of it is dropped as ``stale`` instead.
 """
 
 from __future__ import annotations
@@ -114,3 +116,16 @@ def pack_batches(samples: Sequence[Sample], token_budget: int) -> list[list[Samp
     if current:
         batches.append(current)
     return batches
+
+
+def recent_seen(sample_ids: Sequence[str], policy_versions: Sequence[int], oldest: int) -> tuple[list[str], list[int]]:
+    """The seen samples (ids and their policy versions, in order) whose policy version is at least ``oldest``.
+
+    Call it with ``oldest = base_policy_version - max_staleness`` of the next cycle: a forgotten sample is
+    stale for that base and every later one, so a re-delivery of it is still never trained on. Without this,
+    the seen set (and every state file) would grow with every sample the learner ever trained on.
+    An id without a version (a state written before versions were kept) counts as recent.
+    """
+    versions = list(policy_versions) + [oldest] * (len(sample_ids) - len(policy_versions))
+    kept = [(sample_id, version) for sample_id, version in zip(sample_ids, versions, strict=True) if version >= oldest]
+    return [sample_id for sample_id, _ in kept], [version for _, version in kept]

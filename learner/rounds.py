@@ -100,6 +100,17 @@ class RoundJournal:
             os.fsync(handle.fileno())
         self.entries.append(entry)
 
+    def compact(self, checkpoint_id: str) -> None:
+        """Forget what came before the intent of ``checkpoint_id`` (complete now): a restart resumes from it
+        or later, so older entries would only make the journal grow for as long as the learner runs."""
+        for index in range(len(self.entries) - 1, 0, -1):
+            entry = self.entries[index]
+            if isinstance(entry, CheckpointEntry) and entry.checkpoint_id == checkpoint_id:
+                kept = self.entries[index:]
+                self._rewrite([item.model_dump_json().encode() for item in kept])
+                self.entries = kept
+                return
+
     def after(self, checkpoint_id: str) -> list[RoundEntry | CheckpointEntry]:
         """The entries written after the intent of ``checkpoint_id`` (all of them if it has none: the base)."""
         for index in range(len(self.entries) - 1, -1, -1):

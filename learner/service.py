@@ -33,7 +33,7 @@ from learner.checkpoint import (
 )
 from learner.engine import LearnerEngine, base_model_label, init_distributed
 from learner.errors import LearnerError
-from learner.intake import Intake
+from learner.intake import Intake, recent_seen
 from learner.manifest import OffsetRange
 from learner.metrics import (
     CHECKPOINT_SECONDS,
@@ -235,6 +235,8 @@ class Learner:
         self.baseline = EmaBaseline(self.settings.baseline_decay)
         self.baseline.load_state_dict(state.baseline)
         self.seen_ids = list(state.seen_sample_ids)
+        self.seen_versions = list(state.seen_policy_versions)
+        self.seen_versions += [state.policy_version] * (len(self.seen_ids) - len(self.seen_versions))
         self.intake = Intake(
             state.policy_version, self.settings.max_staleness, self.seen_ids, self.settings.held_out_percent
         )
@@ -283,6 +285,7 @@ class Learner:
             self.cycle.rewards.append(sample.reward)
             self.cycle.spec_hashes.add(sample.spec_hash)
             self.seen_ids.append(sample.sample_id)
+            self.seen_versions.append(sample.policy_version)
         for r in ranges:
             self.positions[r.partition] = r.last_offset + 1
         self._tell("round", batches, self.step)
@@ -324,6 +327,9 @@ class Learner:
         elif replay.checkpoint_id != checkpoint_id:
             raise StateError(f"journal says checkpoint {replay.checkpoint_id}, expected {checkpoint_id}")
         now = datetime.now(UTC)
+        self.seen_ids, self.seen_versions = recent_seen(
+            self.seen_ids, self.seen_versions, policy_version - self.settings.max_staleness
+        )
         state = TrainingState(
             checkpoint_id=checkpoint_id,
             policy_version=policy_version,
@@ -332,6 +338,7 @@ class Learner:
             positions=self.positions,
             baseline=self.baseline.state_dict(),
             seen_sample_ids=self.seen_ids,
+            seen_policy_versions=self.seen_versions,
             checkpoint_sample_ids=self.cycle.sample_ids,
             checkpointed_at=now,
         )
@@ -369,6 +376,7 @@ class Learner:
         CHECKPOINT_SECONDS.set(time.monotonic() - started)
         log.info("checkpoint %s: %d samples, step %d", checkpoint_id, len(cycle.sample_ids), self.step)
         self._adopt(state, self.positions)
+        self.journal.compact(checkpoint_id)
         self._tell("refresh")
         self.engine.refresh_reference()
         self.outbox.add(checkpoint_id)

@@ -39,7 +39,14 @@ class TrainingState(BaseModel):
     round: int = Field(ge=0, description="Rounds in the lineage.")
     positions: dict[int, int] = Field(description="samples-topic partition -> next offset after the checkpoint.")
     baseline: dict[str, float]
-    seen_sample_ids: list[str] = Field(description="Every sample the lineage trained on (intake drops repeats).")
+    seen_sample_ids: list[str] = Field(
+        description="The samples the lineage trained on that a re-delivery could still bring back (intake drops "
+        "repeats); older ones are forgotten at each checkpoint (see learner.intake.recent_seen)."
+    )
+    seen_policy_versions: list[int] = Field(
+        default_factory=list,
+        description="The policy version of each of seen_sample_ids, in order (missing in older states: recent).",
+    )
     checkpoint_sample_ids: list[str] = Field(description="The samples of this checkpoint, for re-publishing.")
     checkpointed_at: AwareDatetime
 

@@ -6,7 +6,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from distill.samples import is_held_out
-from learner.intake import Intake, pack_batches, sample_tokens
+from learner.intake import Intake, pack_batches, recent_seen, sample_tokens
 from tests.learner.sample_factory import make_sample
 
 
@@ -89,3 +89,12 @@ def test_pack_batches_in_order_within_budget() -> None:
     assert pack_batches([], token_budget=12) == []
     with pytest.raises(ValueError, match="token_budget 0"):
         pack_batches(samples, token_budget=0)
+
+
+def test_the_seen_set_forgets_what_staleness_drops_anyway_and_never_trains_it_twice() -> None:
+    old, recent = make_sample(1, policy_version=2), make_sample(2, policy_version=5)
+    ids, versions = recent_seen([old.sample_id, recent.sample_id, "legacy"], [2, 5], oldest=6 - 3)
+    assert (ids, versions) == ([recent.sample_id, "legacy"], [5, 3])  # an id without a version counts as recent
+    intake = Intake(6, 3, ids)
+    assert intake.admit(old) == "stale"  # forgotten, yet still refused: its policy is too far behind
+    assert intake.admit(recent) == "duplicate"

@@ -31,6 +31,22 @@ def test_the_journal_survives_reopening_and_answers_what_follows_a_checkpoint(tm
     assert reopened.after("m-v00001") == [r3]
 
 
+def test_compaction_forgets_what_precedes_a_complete_checkpoint_and_keeps_what_follows(tmp_path: Path) -> None:
+    journal = RoundJournal(tmp_path)
+    r1, r2 = _round(1, "m-v00000", 0, 9), _round(2, "m-v00000", 10, 12)
+    c1 = CheckpointEntry(checkpoint_id="m-v00001", parent="m-v00000", after_round=2)
+    r3 = _round(3, "m-v00001", 13, 20)
+    for entry in (r1, r2, c1, r3):
+        journal.append(entry)
+    journal.compact("m-v00001")
+    reopened = RoundJournal(tmp_path)
+    assert reopened.entries == [c1, r3]
+    assert reopened.after("m-v00001") == [r3]  # a restart from checkpoint 1 replays exactly the same
+    journal.compact("m-v00009")  # an unknown checkpoint: nothing is forgotten
+    assert RoundJournal(tmp_path).entries == [c1, r3]
+    assert len((tmp_path / JOURNAL_FILE).read_bytes().splitlines()) == 2
+
+
 def test_a_torn_last_line_is_dropped_and_the_journal_stays_appendable(tmp_path: Path) -> None:
     journal = RoundJournal(tmp_path)
     r1 = _round(1, "m-v00000", 0, 9)
