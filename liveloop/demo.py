@@ -131,12 +131,13 @@ def run_demo(options: DemoOptions, console: Console) -> dict[str, Any]:
     simulation.start()
     deadline = time.monotonic() + options.minutes * 60
     try:
+        watch = _Watch.of(stack)
         with Live(console=console, refresh_per_second=1, transient=False) as live:
             while time.monotonic() < deadline:
-                live.update(_progress(stack, simulation))
+                live.update(_progress(stack, watch, simulation))
                 time.sleep(2.0)
             simulation.stop()
-            live.update(_progress(stack, simulation))
+            live.update(_progress(stack, watch, simulation))
         summary = simulation.finish()
         report = collect_report(stack, summary, options.profile, options.minutes, base_version)
         console.print("scanning Kafka, PostgreSQL, MLflow and the checkpoints for planted secrets and private sessions")
@@ -163,7 +164,28 @@ def _ingest_url() -> str:
     return f"http://{api.host}:{api.port}"
 
 
-def _progress(stack: Stack, simulation: Any) -> Group:
+@dataclass(frozen=True)
+class _Watch:
+    """What the live view reads every refresh, resolved once: the learner's status URL and the registry."""
+
+    learner_status_url: str
+    registry: Registry
+    model_name: str
+
+    @classmethod
+    def of(cls, stack: Stack) -> _Watch:
+        from learner.settings import LearnerSettings
+        from serving.settings import ServingSettings
+
+        learner = LearnerSettings()
+        return cls(
+            learner_status_url=f"http://{learner.status_host}:{learner.status_port}/status",
+            registry=Registry(stack.endpoints.mlflow_url),
+            model_name=ServingSettings().model_name,
+        )
+
+
+def _progress(stack: Stack, watch: _Watch, simulation: Any) -> Group:
     """The live view: the loop's counters and acceptance by policy version so far."""
     snapshot = simulation.snapshot()
     loop = Table("what", "now", title="liveloop demo", title_justify="left")
@@ -172,14 +194,14 @@ def _progress(stack: Stack, simulation: Any) -> Group:
     loop.add_row("events sent", f"{events:,} ({events / elapsed:.1f}/s)")
     for label, value in _database_counts(stack).items():
         loop.add_row(label, value)
-    learner = _learner_status()
+    learner = _learner_status(watch.learner_status_url)
     if learner:
         loop.add_row(
             "learner",
             f"step {learner.get('step')}, policy v{learner.get('policy_version')}, "
             f"{learner.get('samples_since_checkpoint')} samples since its checkpoint",
         )
-    loop.add_row("champion", _champion(stack))
+    loop.add_row("champion", _champion(watch))
     versions = Table("policy version", "requests", "acceptance", "95 % interval", title_justify="left")
     for item in snapshot.versions:
         low, high = item.acceptance_ci95
@@ -207,24 +229,18 @@ def _database_counts(stack: Stack) -> dict[str, str]:
     }
 
 
-def _learner_status() -> dict[str, Any]:
-    from learner.settings import LearnerSettings
-
-    settings = LearnerSettings()
-    url = f"http://{settings.status_host}:{settings.status_port}/status"
+def _learner_status(url: str) -> dict[str, Any]:
     try:
-        with urllib.request.urlopen(url, timeout=2) as response:
+        with urllib.request.urlopen(url, timeout=2) as response:  # noqa: S310 - an http URL built from settings
             status: dict[str, Any] = json.loads(response.read())
             return status
     except (OSError, ValueError):
         return {}
 
 
-def _champion(stack: Stack) -> str:
-    from serving.settings import ServingSettings
-
+def _champion(watch: _Watch) -> str:
     try:
-        version = Registry(stack.endpoints.mlflow_url).version_by_alias(ServingSettings().model_name, CHAMPION)
+        version = watch.registry.version_by_alias(watch.model_name, CHAMPION)
     except (AliasNotSet, RegistryError):
         return "none"
     return f"model version {version.version}"

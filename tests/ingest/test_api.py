@@ -21,7 +21,7 @@ import pytest
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka import KafkaProducer
 from kafka.consumer.fetcher import ConsumerRecord
 from pydantic import SecretStr, ValidationError
 from starlette.types import ASGIApp, Message, Scope
@@ -34,6 +34,7 @@ from ingest.dead_letters import DeadLetter
 from ingest.errors import InvalidEvent
 from ingest.events import MAX_JSON_DEPTH, event_to_json, parse_event
 from ingest.redaction import redact_event
+from tests.topic_reader import read_topic
 
 GITHUB_TOKEN = "ghp_" + "a1B2c3D4e5" * 3 + "f6G7h8"  # built by concatenation: no scanner sees a real token
 AWS_KEY_ID = "AKIA" + "QZ7TWV3XKP2M9RJD"
@@ -70,26 +71,6 @@ def event(kind: str = "suggestion.accepted", session: str = "sess-1", **envelope
         "payload": payloads[kind],
     }
     return data | envelope
-
-
-def read_topic(bootstrap: str, topic: str) -> list[ConsumerRecord]:
-    """Every record of ``topic`` now, partition by partition (the API answered only after Kafka acknowledged)."""
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
-    try:
-        partitions = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
-        assert partitions, f"topic {topic} has no partitions"
-        consumer.assign(partitions)
-        consumer.seek_to_beginning(*partitions)
-        end = consumer.end_offsets(partitions)
-        records: list[ConsumerRecord] = []
-        deadline = time.monotonic() + 30
-        while any(consumer.position(tp) < end[tp] for tp in partitions):
-            assert time.monotonic() < deadline, "could not read the topic to its end"
-            for batch in consumer.poll(timeout_ms=500).values():
-                records.extend(batch)
-        return records
-    finally:
-        consumer.close()
 
 
 def dead_letters(bootstrap: str, topic: str) -> list[DeadLetter]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import json
 import secrets
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -21,7 +20,6 @@ from typing import Any
 import psycopg
 from fastapi.testclient import TestClient
 from kafka import KafkaConsumer, TopicPartition
-from kafka.consumer.fetcher import ConsumerRecord
 from prometheus_client import CollectorRegistry
 from pydantic import SecretStr
 from typer.testing import CliRunner
@@ -81,25 +79,6 @@ def topic_size(bootstrap: str, topic: str) -> int:
         partitions = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
         assert partitions, f"topic {topic} has no partitions"
         return sum(consumer.end_offsets(partitions).values())
-    finally:
-        consumer.close()
-
-
-def read_topic(bootstrap: str, topic: str) -> list[ConsumerRecord]:
-    """Every record of ``topic`` now, read to the end offsets taken at the start."""
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
-    try:
-        partitions = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
-        consumer.assign(partitions)
-        consumer.seek_to_beginning(*partitions)
-        end = consumer.end_offsets(partitions)
-        records: list[ConsumerRecord] = []
-        deadline = time.monotonic() + 30
-        while any(consumer.position(tp) < end[tp] for tp in partitions):
-            assert time.monotonic() < deadline, f"could not read {topic} to its end"
-            for batch in consumer.poll(timeout_ms=500).values():
-                records.extend(batch)
-        return records
     finally:
         consumer.close()
 

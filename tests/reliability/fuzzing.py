@@ -22,8 +22,6 @@ import requests
 import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
-from kafka import KafkaConsumer, TopicPartition
-from kafka.consumer.fetcher import ConsumerRecord
 from schemathesis import Case, GenerationMode
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import (
@@ -319,23 +317,3 @@ def split(total: int, shares: dict[str, float]) -> dict[str, int]:
     counts = {name: math.floor(total * shares[name]) for name in names[:-1]}
     counts[names[-1]] = total - sum(counts.values())
     return counts
-
-
-def read_topic(bootstrap: str, topic: str) -> list[ConsumerRecord]:
-    """Every record of ``topic`` now (the apps answer only after Kafka acknowledged), partition by partition."""
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
-    try:
-        partitions = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
-        assert partitions, f"topic {topic} has no partitions"
-        consumer.assign(partitions)
-        consumer.seek_to_beginning(*partitions)
-        end = consumer.end_offsets(partitions)
-        records: list[ConsumerRecord] = []
-        deadline = time.monotonic() + 120
-        while any(consumer.position(tp) < end[tp] for tp in partitions):
-            assert time.monotonic() < deadline, f"could not read {topic} to its end"
-            for batch in consumer.poll(timeout_ms=500).values():
-                records.extend(batch)
-        return records
-    finally:
-        consumer.close()

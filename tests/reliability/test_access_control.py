@@ -44,12 +44,12 @@ from tests.reliability.doors import (
     ingest_door,
     make_credentials,
     operator_door,
-    read_topic,
 )
 from tests.reliability.hostile import scratch_database
 from tests.reliability.profile import REPO, ReliabilityProfile
 from tests.reliability.query_audit import PACKAGES, package_files
 from tests.reliability.report import markdown_table, write_section
+from tests.topic_reader import read_topic
 
 Row = tuple[str, str, str, str, str]  # door, who, what, expected, got
 

@@ -37,12 +37,12 @@ from tests.reliability.fuzzing import (
     dumps,
     hostile_json,
     post,
-    read_topic,
     split,
     wire_forms,
 )
 from tests.reliability.profile import ReliabilityProfile
 from tests.serving.gateway_server import serve_in_thread
+from tests.topic_reader import read_topic
 
 WITHHELD = " [payload withheld: privacy_mode is true]"
 SHARES = {"positive": 0.3, "negative": 0.3, "unauthenticated": 0.05, "probes": 0.01, "hypothesis": 0.34}
