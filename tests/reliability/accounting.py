@@ -219,30 +219,40 @@ def _drop_reason(value: bytes, seen: set[str], base_policy: int, learner: Learne
     return None
 
 
-def served_versions_were_champions(dsn: str, served: list[ServedRecord]) -> Check:
-    """Every completion named a policy version that was champion while it was asked or answered
-    (allowing :data:`SWAP_GRACE_S` for a replaced champion to finish; never served before promotion)."""
-    check = Check("served versions were champions")
+def served_versions_were_champion_or_canary(dsn: str, served: list[ServedRecord]) -> Check:
+    """Every completion named a policy version that was champion, or the canary (the ``candidate`` alias
+    while it was neither promoted nor rejected), while it was asked or answered. A replaced version may
+    still answer for :data:`SWAP_GRACE_S`; no version may answer before it was champion or candidate."""
+    check = Check("served versions were champion or canary")
     with psycopg.connect(dsn) as conn:
         moves = conn.execute(
             "SELECT p.at, c.policy_version FROM promotions p JOIN checkpoints c ON c.model_version = p.to_version "
             "WHERE p.action IN ('promote', 'rollback') ORDER BY p.id"
         ).fetchall()
-    intervals: dict[int, list[tuple[float, float]]] = defaultdict(list)
+        candidates = conn.execute(
+            "SELECT c.policy_version, c.created_at, (SELECT min(p.at) FROM promotions p WHERE p.action = 'reject' "
+            "AND p.to_version = c.model_version) FROM checkpoints c WHERE c.policy_version > 0 "
+            "ORDER BY c.policy_version"
+        ).fetchall()
+    champion: dict[int, list[tuple[float, float]]] = defaultdict(list)
     for index, (at, policy) in enumerate(moves):
-        end = moves[index + 1][0].timestamp() if index + 1 < len(moves) else float("inf")
-        intervals[int(policy)].append((_ts(at), end))
+        end = _ts(moves[index + 1][0]) if index + 1 < len(moves) else float("inf")
+        champion[int(policy)].append((_ts(at), end))
+    canary: dict[int, list[tuple[float, float]]] = defaultdict(list)
+    for index, (policy, created, rejected) in enumerate(candidates):
+        # The candidate alias moves to the next checkpoint when that one is registered.
+        end = _ts(candidates[index + 1][1]) if index + 1 < len(candidates) else float("inf")
+        canary[int(policy)].append((_ts(created), min(end, _ts(rejected)) if rejected is not None else end))
     early, late = [], []
     worst_late = 0.0
     for record in served:
-        spans = intervals.get(record.policy_version, [])
-        if any(start <= record.answered_at + 1.0 and record.asked_at <= end + SWAP_GRACE_S for start, end in spans):
-            lateness = max(
-                (record.asked_at - end for start, end in spans if start <= record.answered_at + 1.0), default=0
-            )
-            worst_late = max(worst_late, lateness)
-            continue
-        if not spans or min(start for start, _ in spans) > record.answered_at:
+        spans = champion.get(record.policy_version, []) + canary.get(record.policy_version, [])
+        begun = [(start, end) for start, end in spans if start <= record.answered_at + 1.0]
+        matching = [end for _, end in begun if record.asked_at <= end + SWAP_GRACE_S]
+        if matching:
+            # How long after its (closest) span ended this completion was asked; 0 inside a span.
+            worst_late = max(worst_late, min(max(0.0, record.asked_at - end) for end in matching))
+        elif not begun:
             early.append(record)
         else:
             late.append(record)
@@ -250,12 +260,14 @@ def served_versions_were_champions(dsn: str, served: list[ServedRecord]) -> Chec
         "completions": len(served),
         "by_version": dict(sorted(_count(r.policy_version for r in served).items())),
         "champion_changes": len(moves),
-        "never_champion_or_too_early": len(early),
+        "never_champion_or_canary_yet": len(early),
         "served_too_long_after_replacement": len(late),
-        "longest_after_replacement_s": round(worst_late, 2),
+        "longest_after_replacement_s": round(max(worst_late, 0.0), 2),
     }
     if early:
-        check.violations.append(f"{len(early)} completions named a version before it was champion: {early[:3]}")
+        check.violations.append(
+            f"{len(early)} completions named a version before it was champion or canary: {early[:3]}"
+        )
     if late:
         check.violations.append(f"{len(late)} completions named a version over {SWAP_GRACE_S} s after it was replaced")
     return check

@@ -1,13 +1,14 @@
 """Sustained ingest through the whole loop: memory stays bounded, lag stays bounded and drains, no stray dead letter.
 
-Sessions of four events (started, a generation with tokens, its acceptance, ended) are posted to the
-ingest HTTP API at ``reliability.load_rate`` events per second for ``reliability.load_minutes`` (10 in
-the full run, 2 in CI), with a planted malformed event now and then. Every 5 s the memory of each
-component and each consumer group's lag are sampled. Memory is the proportional set size summed over
-the component's processes, so that shared pages (PostgreSQL's shared buffers) count once. Bounded
-means: the peak of the last third of the run is at most 1.5 times the peak of the first third (or
-150 MB more, whichever is larger: a small process may double without growing in a way that
-matters); lag never exceeds a minute of traffic, and drains to zero after the load stops.
+Sessions shaped like real traffic (14 events: two generations with tool results, acceptance, edit check
+and rating) are posted to the ingest HTTP API at ``reliability.load_rate`` events per second for
+``reliability.load_minutes`` (10 in the full run, 2 in CI), with a planted malformed event now and then.
+Every 5 s the memory of each component and each consumer group's lag are sampled. Memory is the
+proportional set size summed over the component's processes, so that shared pages (PostgreSQL's
+shared buffers) count once. Bounded means: the peak of the last third of the run is at most 1.5
+times the peak of the first third (or 150 MB more, whichever is larger: a small process may double
+without growing in a way that matters); lag never exceeds a minute of traffic, and drains to zero
+after the load stops.
 """
 
 from __future__ import annotations

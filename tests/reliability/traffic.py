@@ -83,7 +83,7 @@ class HttpSessions:
     malformed_every: int = 40
     """Every this many batches, one malformed event (a planted dead letter) rides along."""
     full_sessions: bool = False
-    """Sessions of four events (started, a generation, its acceptance, ended) instead of two."""
+    """Sessions shaped like real traffic (14 events, two generations with their feedback) instead of two events."""
     accepted: set[str] = field(default_factory=set)
     planted: int = 0
     """Malformed events the API judged (each must be one dead letter)."""
@@ -107,7 +107,7 @@ class HttpSessions:
             batches = 0
             next_at = time.monotonic()
             while not self._stop.is_set():
-                events = _full_sessions(self.batch // 4) if self.full_sessions else _sessions(self.batch // 2)
+                events = _full_sessions(max(1, self.batch // 14)) if self.full_sessions else _sessions(self.batch // 2)
                 body: list[Any] = [event.model_dump(mode="json") for event in events]
                 planted = batches % self.malformed_every == self.malformed_every - 1
                 if planted:
@@ -153,29 +153,41 @@ def _sessions(count: int) -> list[Any]:
 
 
 def _full_sessions(count: int) -> list[Any]:
-    """``count`` sessions of four events: started, a generation with tokens, its acceptance, ended."""
+    """``count`` sessions shaped like the simulator's: started, two generations each followed by two tool
+    results, an acceptance, the edit check and a rating, then ended (14 events, one generation in seven)."""
     events: list[Any] = []
     now = datetime.now(UTC).isoformat()
     for _ in range(count):
-        session, generation = f"load-{uuid.uuid4().hex[:16]}", str(uuid.uuid4())
+        session = f"load-{uuid.uuid4().hex[:16]}"
         envelope = {"session_id": session, "user_id": f"load-{uuid.uuid4().hex[:4]}", "ts": now}
-        body = {
-            "generation_id": generation,
-            "model": "liveloop-policy",
-            "policy_version": 0,
-            "prompt": "def add(a, b):\n",
-            "completion": "    return a + b;\n",
-            "prompt_token_ids": [100, 101, 102],
-            "completion_token_ids": [103, 104],
-            "completion_logprobs": [-0.5, -0.25],
-            "surface": "ide.tab",
-            "task_kind": "completion",
-        }
-        for kind, payload in (
-            ("session.started", {"surface": "ide.tab", "client": "liveloop-load"}),
-            ("generation", body),
-            ("suggestion.accepted", {"generation_id": generation}),
-            ("session.ended", {"reason": "done"}),
-        ):
+        steps: list[tuple[str, dict[str, Any]]] = [
+            ("session.started", {"surface": "ide.tab", "client": "liveloop-load"})
+        ]
+        for _turn in range(2):
+            generation = str(uuid.uuid4())
+            feedback = {"generation_id": generation}
+            steps += [
+                ("generation", {**_GENERATION, "generation_id": generation}),
+                ("tool.result", {**feedback, "tool": "run_tests", "valid": True}),
+                ("tool.result", {**feedback, "tool": "lint", "valid": True}),
+                ("suggestion.accepted", feedback),
+                ("edit.persisted", {**feedback, "fraction_remaining": 1.0, "seconds_after": 30.0}),
+                ("rating", {**feedback, "thumbs": "up"}),
+            ]
+        steps.append(("session.ended", {"reason": "done"}))
+        for kind, payload in steps:
             events.append(parse_event({**envelope, "event_id": str(uuid.uuid4()), "type": kind, "payload": payload}))
     return events
+
+
+_GENERATION = {
+    "model": "liveloop-policy",
+    "policy_version": 0,
+    "prompt": "def add(a, b):\n",
+    "completion": "    return a + b;\n",
+    "prompt_token_ids": [100, 101, 102],
+    "completion_token_ids": [103, 104],
+    "completion_logprobs": [-0.5, -0.25],
+    "surface": "ide.tab",
+    "task_kind": "completion",
+}
