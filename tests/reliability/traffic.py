@@ -113,7 +113,7 @@ class HttpSessions:
                 if planted:
                     body.append({"type": "session.started", "session_id": "", "event_id": "not-a-uuid"})
                 taken = self._post(client, body)
-                self.accepted.update(taken)
+                self.accepted.update(taken or ())
                 self.planted += planted and taken is not None
                 batches += 1
                 next_at += len(events) / self.rate
