@@ -66,6 +66,8 @@ log = logging.getLogger("learner")
 HEARTBEAT_S = 10.0  # idle ranks wait in a broadcast; keep it well inside the process group's timeout
 LAG_EVERY_S = 5.0
 PUBLISH_RETRY_S = 30.0
+BUFFER_ROUNDS = 8
+"""Polled records (trainable or not) that make a round on their own, in rounds' worth of samples."""
 
 
 class Learner:
@@ -140,7 +142,10 @@ class Learner:
             while not self.stopping:
                 self._take(self.source_.poll(self.settings.poll_timeout_ms))
                 due = self._checkpoint_due()  # once: a checkpoint always takes the buffer in a round first
-                if self.buffer and (due or self.buffer_estimate >= self.settings.round_samples):
+                # Records intake will drop (stale, held out...) do not count towards a round, yet they must not
+                # pile up: a buffer of them alone also makes a round, which drops them and moves the positions on.
+                flooded = len(self.buffer) >= BUFFER_ROUNDS * self.settings.round_samples
+                if self.buffer and (due or flooded or self.buffer_estimate >= self.settings.round_samples):
                     self._round_live()
                 if due and self.cycle.sample_ids:
                     self._checkpoint(None)

@@ -232,3 +232,42 @@ def test_two_ranks_zero2_over_gloo_run_a_full_cycle_to_a_registered_checkpoint(
     two = _weights(folder)
     single = one.module.state_dict()
     assert max((single[name] - two[name]).abs().max().item() for name in two) < 1e-4
+
+
+@pytest.mark.timeout(600)
+def test_a_stream_of_samples_it_must_drop_does_not_stall_the_learner(
+    endpoints: Endpoints, make_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    """Records intake will drop (here every sample after the first checkpoint: stale at max_staleness 0) make
+    rounds of their own. Before, they never counted towards a round: they piled up in memory and the learner's
+    positions stopped, its lag only growing (found by the reliability suite's 10-minute load run)."""
+    topic, announcements = make_topic(partitions=1), make_topic(partitions=1)
+    data_dir = tmp_path / "learner"
+    write_base_checkpoint(data_dir, MODEL)
+    env = learner_env(
+        bootstrap=endpoints.kafka_bootstrap,
+        topic=topic,
+        checkpoints_topic=announcements,
+        data_dir=data_dir,
+        extra={"LIVELOOP_LEARNER_MAX_STALENESS": "0"},
+    )
+    job = LearnerJob(env, tmp_path / "logs", "flooded")
+    try:
+        produce(endpoints.kafka_bootstrap, topic, training_samples(0, 8))
+        wait_for([data_dir / "checkpoints" / _ids(1)[0]], [job])
+        produce(endpoints.kafka_bootstrap, topic, training_samples(8, 80))  # policy 0: stale for policy 1
+        url = f"http://127.0.0.1:{env['LIVELOOP_LEARNER_STATUS_PORT']}/status"
+        deadline = time.monotonic() + 120
+        while True:
+            status: dict[str, Any] = httpx.get(url, timeout=10).json()
+            if status["intake"]["stale"] >= 64 or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert status["intake"]["stale"] >= 64, status  # dropped in a round, not held forever
+        assert status["intake"]["accepted"] == 0
+        time.sleep(6)  # the lag figure is refreshed every 5 s
+        lag = sum(httpx.get(url, timeout=10).json()["lag"].values())
+        assert lag < 64, lag  # the positions moved past them (a tail under a flood's size may wait)
+        assert job.stop() == [0]
+    finally:
+        job.kill()
