@@ -29,8 +29,8 @@ class ReliabilityProfile(BaseSettings):
     load_rate: float = Field(
         default=0,
         ge=0,
-        description="Events per second of the load run; 0: 500, what the whole loop keeps up with on 2 cores "
-        "(the CPU learner, about 100 samples/s beside the rest, is the limit; one event in seven is a generation).",
+        description="Events per second of the load run; 0: 500, which leaves room on 2 cores for the whole loop "
+        "beside the services (one event in seven is a generation).",
     )
     fault_minutes: float = Field(
         default=0, ge=0, description="Minutes of simulated traffic while faults are injected; 0: 12 full, 6 in CI."
