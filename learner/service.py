@@ -145,9 +145,10 @@ class Learner:
                 due = self._checkpoint_due()  # once: a checkpoint always takes the buffer in a round first
                 # Records intake will drop (stale, held out...) do not count towards a round, yet they must not
                 # pile up: a buffer of them alone also makes a round, which drops them and moves the positions on.
-                flooded = len(self.buffer) >= BUFFER_ROUNDS * self.settings.round_samples
                 # ...and when nothing more arrives, a buffer of nothing but such records goes too (a tail).
-                flooded = flooded or (not polled and self.buffer_estimate == 0)
+                flooded = len(self.buffer) >= BUFFER_ROUNDS * self.settings.round_samples or (
+                    not polled and self.buffer_estimate == 0
+                )
                 if self.buffer and (due or flooded or self.buffer_estimate >= self.settings.round_samples):
                     self._round_live()
                 if due and self.cycle.sample_ids:

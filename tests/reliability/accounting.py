@@ -236,13 +236,15 @@ def served_versions_were_champion_or_canary(dsn: str, served: list[ServedRecord]
         ).fetchall()
     champion: dict[int, list[tuple[float, float]]] = defaultdict(list)
     for index, (at, policy) in enumerate(moves):
-        end = _ts(moves[index + 1][0]) if index + 1 < len(moves) else float("inf")
-        champion[int(policy)].append((_ts(at), end))
+        end = moves[index + 1][0].timestamp() if index + 1 < len(moves) else float("inf")
+        champion[int(policy)].append((at.timestamp(), end))
     canary: dict[int, list[tuple[float, float]]] = defaultdict(list)
     for index, (policy, created, rejected) in enumerate(candidates):
         # The candidate alias moves to the next checkpoint when that one is registered.
-        end = _ts(candidates[index + 1][1]) if index + 1 < len(candidates) else float("inf")
-        canary[int(policy)].append((_ts(created), min(end, _ts(rejected)) if rejected is not None else end))
+        end = candidates[index + 1][1].timestamp() if index + 1 < len(candidates) else float("inf")
+        canary[int(policy)].append(
+            (created.timestamp(), min(end, rejected.timestamp()) if rejected is not None else end)
+        )
     early, late = [], []
     worst_late = 0.0
     for record in served:
@@ -284,10 +286,6 @@ def promoted_after(dsn: str, moment: datetime) -> Check:
     if not rows:
         check.violations.append(f"nothing was promoted after {moment.isoformat()}")
     return check
-
-
-def _ts(moment: datetime) -> float:
-    return moment.timestamp()
 
 
 def _count(values: Any) -> dict[Any, int]:
