@@ -239,9 +239,27 @@ class BatchRun:
             self.keys = [self.keys[j] for j in keep]
             self.rows = [self.rows[j] for j in keep]
             self.next_tokens = [self.next_tokens[j] for j in keep]
+            if keep:
+                self._trim()
         if not keep:
             self.cache = None  # an empty batch starts afresh
         return finished
+
+    def _trim(self) -> None:
+        """Drop the leading cache positions no remaining row attends to (padding only).
+
+        Under a steady stream of requests a batch never empties, and each joining row pads the others
+        to its length: without this, the cache grew with every join for as long as the batch lived, and
+        every step grew slower with it (attention and the cache's concatenation over mostly padding).
+        """
+        attended = self.mask.any(dim=0)
+        first = int(attended.to(torch.uint8).argmax())
+        if first == 0:
+            return
+        self.mask = self.mask[:, first:]
+        for layer in self.cache.layers:
+            layer.keys = layer.keys[:, :, first:, :]
+            layer.values = layer.values[:, :, first:, :]
 
 
 def _pick(last_logits: torch.Tensor, rows: Sequence[_Row]) -> list[int]:

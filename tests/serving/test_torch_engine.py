@@ -13,7 +13,9 @@ import torch
 from learner.tiny_model import TinyModelSpec, byte_tokenizer, save_tiny_model
 from serving.engine import Generation, LoadFailed, SamplingParams, UnknownVersion
 from serving.errors import InvalidRequest
+from serving.torch_decode import BatchRun, decode_batch
 from serving.torch_engine import TorchEngine
+from serving.torch_load import load_version
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24)
 PROMPTS = ["def add(a, b):", "The quick brown fox jumps over", "x", "SELECT * FROM users WHERE id = "]
@@ -106,6 +108,32 @@ def test_requests_join_a_running_batch_and_decode_as_alone(engine: TorchEngine) 
         assert together.logprobs == pytest.approx(alone.logprobs, abs=1e-4)
     assert long_result[0].token_ids == long_alone.token_ids
     assert long_result[0].logprobs == pytest.approx(long_alone.logprobs, abs=1e-4)
+
+
+def test_a_batch_that_never_empties_keeps_its_cache_to_what_its_rows_need(folders: dict[str, Path]) -> None:
+    """Under a steady stream a batch lives on as rows join and leave; its cache must not grow with its age."""
+    loaded = load_version(folders["v1"], 1, lambda: folders["v1"], torch.device("cpu"), torch.float32)
+    prompts = [loaded.encode(p) for p in PROMPTS] * 12
+    alone = {
+        i: decode_batch(loaded.model, loaded.tokenizer, [ids], [GREEDY], torch.device("cpu"), loaded.eos_ids)[0]
+        for i, ids in enumerate(prompts[: len(PROMPTS)])
+    }
+    run = BatchRun(loaded.model, loaded.tokenizer, torch.device("cpu"), loaded.eos_ids)
+    waiting = list(enumerate(prompts))
+    finished: dict[int, Any] = {}
+    widest = 0
+    while waiting or run.size:
+        if waiting and run.size < 4:  # one row joins whenever there is room: the batch never empties
+            key, ids = waiting.pop(0)
+            finished.update(run.add([key], [ids], [GREEDY]))
+        if run.size:
+            finished.update(run.step())
+            widest = max(widest, run.mask.shape[1])
+    assert len(finished) == len(prompts)
+    for key, decoded in finished.items():
+        assert decoded.token_ids == alone[key % len(PROMPTS)].token_ids
+    # A row needs its prompt and what it generates; 48 joins without trimming grew far past that.
+    assert widest <= max(len(p) for p in prompts) + GREEDY.max_tokens + 1
 
 
 def test_greedy_logprobs_equal_a_forward_pass_of_the_model(engine: TorchEngine, folders: dict[str, Path]) -> None:
