@@ -9,6 +9,7 @@ request that started on a version finishes on it, even when the default moves du
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Literal
 
@@ -88,3 +89,20 @@ class Engine(ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook, a no-op for engines that hold nothing to release
         """Stop background threads and free every loaded version; the engine is unusable afterwards."""
+
+
+class QueuingEngine(Engine):
+    """An engine that queues requests itself and answers them from its own thread: :meth:`submit`
+    returns at once, so a caller (the gateway's event loop) need not hold a thread per request."""
+
+    @abstractmethod
+    def submit(
+        self, prompts: list[str], params: SamplingParams, policy_version: int | None = None
+    ) -> Future[list[Generation]]:
+        """Queue the prompts; the future holds what ``generate`` would return. Raises at once what is wrong
+        before decoding starts (not ready, unknown version, a prompt that does not fit)."""
+
+    def generate(
+        self, prompts: list[str], params: SamplingParams, policy_version: int | None = None
+    ) -> list[Generation]:
+        return self.submit(prompts, params, policy_version).result()

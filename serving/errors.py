@@ -29,6 +29,10 @@ class InvalidRequest(ServingError):
         super().__init__(message)
         self.param = param
 
+    def __reduce__(self) -> tuple[type[InvalidRequest], tuple[str, str | None]]:
+        # Pickled with its param (the engine's process sends it to the gateway's).
+        return (type(self), (str(self), self.param))
+
 
 class NotReady(ServingError):
     """No policy version is loaded yet. Transient: retry when ``/readyz`` answers 200."""

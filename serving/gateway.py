@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import signal
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -38,7 +40,7 @@ from pydantic import SecretStr
 
 from infra.credentials import load_credentials
 from serving.emission import EventSink, GenerationEmitter, RequestContext
-from serving.engine import Engine, Generation, SamplingParams, UnknownVersion
+from serving.engine import Engine, Generation, QueuingEngine, SamplingParams, UnknownVersion
 from serving.errors import InvalidRequest, NotReady
 from serving.gateway_auth import GatewayKey
 from serving.gateway_openapi import document_openapi
@@ -86,7 +88,8 @@ def create_app(
     key = GatewayKey(gateway_key or load_credentials(settings.credentials_path).gateway_key)
     metrics = GatewayMetrics(metrics_registry)
     events = GenerationEmitter(emitter, settings.model_name, metrics)
-    # Engine.generate blocks; each waiting request holds one of these threads (not the event loop's).
+    # Engine.generate blocks; with an engine that does not queue requests itself (vLLM), each waiting
+    # request holds one of these threads (not the event loop's).
     executor = ThreadPoolExecutor(settings.max_concurrent_requests, thread_name_prefix="liveloop-gateway")
 
     @asynccontextmanager
@@ -111,10 +114,15 @@ def create_app(
         groups: dict[SamplingParams, list[int]] = {}
         for i, p in enumerate(params):
             groups.setdefault(p, []).append(i)
-        calls = [
-            loop.run_in_executor(executor, engine.generate, [prompts[i] for i in idx], p, version)
-            for p, idx in groups.items()
-        ]
+        if isinstance(engine, QueuingEngine):  # answered from the engine's own thread: no thread waits here
+            calls = [
+                asyncio.wrap_future(engine.submit([prompts[i] for i in idx], p, version)) for p, idx in groups.items()
+            ]
+        else:
+            calls = [
+                loop.run_in_executor(executor, engine.generate, [prompts[i] for i in idx], p, version)
+                for p, idx in groups.items()
+            ]
         out: list[Generation | None] = [None] * len(prompts)
         for idx, results in zip(groups.values(), await asyncio.gather(*calls), strict=True):
             for i, generation in zip(idx, results, strict=True):
@@ -274,12 +282,26 @@ def create_app(
     return app
 
 
-def build_engine(settings: ServingSettings) -> Engine:
-    """The engine the settings choose; vLLM is imported only when chosen."""
+def build_engine(settings: ServingSettings, on_exit: Callable[[], None] | None = None) -> Engine:
+    """The engine the settings choose; vLLM and torch are imported only where they run.
+
+    ``on_exit`` is called if the torch engine's own process (``engine_process``) dies.
+    """
     if settings.engine == "vllm":
         from serving.vllm_engine import VllmEngine
 
         return VllmEngine.from_settings(settings)
+    if settings.engine_process:
+        from serving.engine_process import EngineProcess
+
+        return EngineProcess(
+            settings.device,
+            settings.dtype,
+            settings.max_batch,
+            settings.batch_wait_ms,
+            settings.torch_threads,
+            on_exit=on_exit,
+        )
     import torch
 
     from serving.torch_engine import TorchEngine
@@ -295,7 +317,9 @@ def main() -> None:
     from serving.swap import controller_from_settings
 
     settings = ServingSettings()
-    engine = build_engine(settings)
+    # Without its engine the gateway cannot serve: it stops (SIGTERM, a clean shutdown), and its keeper
+    # starts it, and a new engine, again.
+    engine = build_engine(settings, on_exit=lambda: os.kill(os.getpid(), signal.SIGTERM))
     if settings.model_folder is not None:
         engine.load(settings.model_folder, settings.model_version)
         engine.switch(settings.model_version)

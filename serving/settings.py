@@ -96,11 +96,17 @@ class ServingSettings(LiveloopSettings):
         le=1000.0,
         description="How long the torch engine's batcher waits for more requests to join a batch that is not full.",
     )
+    engine_process: bool = Field(
+        default=True,
+        description="Run the torch engine in a child process of its own, so that decoding never waits for the "
+        "GIL while the HTTP side parses, answers and emits (serving.engine_process); false keeps it in the "
+        "gateway's process.",
+    )
     torch_threads: int = Field(
         default=1,
         ge=0,
         le=1024,
-        description="Torch intra-op threads of the gateway process (torch engine on the CPU); 0 keeps torch's "
+        description="Torch intra-op threads of the torch engine's process (on the CPU); 0 keeps torch's "
         "default, one per core. 1 suits small models: at batch sizes of a few rows the extra threads only spin, "
         "taking the core that the HTTP event loop and the event sender need.",
     )

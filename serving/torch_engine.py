@@ -31,7 +31,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from serving.engine import Engine, Generation, LoadFailed, SamplingParams, UnknownVersion
+from serving.engine import Generation, LoadFailed, QueuingEngine, SamplingParams, UnknownVersion
 from serving.errors import InvalidRequest, NotReady
 from serving.torch_decode import BatchRun, Decoded
 from serving.torch_load import Loaded, load_version, pick_device, pick_dtype
@@ -48,7 +48,7 @@ class _Request:
     submitted: float = field(default_factory=time.monotonic)
 
 
-class TorchEngine(Engine):
+class TorchEngine(QueuingEngine):
     """The default engine (see the module docstring). Call :meth:`close` to stop its batcher thread."""
 
     def __init__(
@@ -123,28 +123,47 @@ class TorchEngine(Engine):
 
     # -- generation -------------------------------------------------------------------------------
 
-    def generate(
+    def submit(
         self, prompts: list[str], params: SamplingParams, policy_version: int | None = None
-    ) -> list[Generation]:
+    ) -> Future[list[Generation]]:
+        """Queue one row per prompt; the future is answered when the last row finishes (a decoding failure
+        is its exception)."""
         loaded = self._resolve(policy_version)
         encoded = [loaded.encode(prompt) for prompt in prompts]
         for prompt, ids in zip(prompts, encoded, strict=True):
             self._check_fits(loaded, prompt, ids, params)
         requests = [_Request(loaded, ids, params, Future()) for ids in encoded]
-        for request in requests:
-            self._submit(request)
-        return [
-            Generation(
-                text=decoded.text,
-                prompt_token_ids=request.prompt_ids,
-                token_ids=decoded.token_ids,
-                logprobs=decoded.logprobs,
-                finish_reason=decoded.finish_reason,
-                policy_version=loaded.version,
+        answer: Future[list[Generation]] = Future()
+        remaining = [len(requests)]
+
+        def row_done(_: Future[Decoded]) -> None:
+            # Rows finish on the batcher thread, one at a time: the last one builds the answer.
+            remaining[0] -= 1
+            if remaining[0]:
+                return
+            failed = next((r.future.exception() for r in requests if r.future.exception() is not None), None)
+            if failed is not None:
+                answer.set_exception(failed)
+                return
+            answer.set_result(
+                [
+                    Generation(
+                        text=decoded.text,
+                        prompt_token_ids=request.prompt_ids,
+                        token_ids=decoded.token_ids,
+                        logprobs=decoded.logprobs,
+                        finish_reason=decoded.finish_reason,
+                        policy_version=loaded.version,
+                    )
+                    for request in requests
+                    for decoded in [request.future.result()]
+                ]
             )
-            for request in requests
-            for decoded in [request.future.result()]
-        ]
+
+        for request in requests:
+            request.future.add_done_callback(row_done)
+            self._submit(request)
+        return answer
 
     def _resolve(self, policy_version: int | None) -> Loaded:
         with self._lock:
