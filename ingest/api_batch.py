@@ -31,7 +31,7 @@ from pydantic import ValidationError
 
 from ingest.api_fast import validate_clean_body
 from ingest.dead_letters import MAX_RAW_BYTES, DeadLetter
-from ingest.decoding import invalid_from, json_type, load_json
+from ingest.decoding import invalid_from, json_type, load_json, reject_nul
 from ingest.errors import EventTooLarge, InvalidEvent, UnsupportedSchemaVersion
 from ingest.events import EVENT_CLASSES, MAX_JSON_DEPTH, SCHEMA_VERSION, Event, parse_event
 from ingest.payloads import MAX_ID_CHARS
@@ -245,6 +245,7 @@ def validate_item(item: object, tenant: str) -> Event:
     cls = EVENT_CLASSES.get(name) if isinstance(name, str) else None
     if cls is None or (isinstance(version, int) and version > SCHEMA_VERSION):
         return parse_event(item)
+    reject_nul(item)
     try:
         return cast("Event", cls.model_validate(item))
     except ValidationError as exc:

@@ -37,8 +37,10 @@ def validate_clean_body(raw: bytes, tenant: str, max_items: int) -> tuple[list[E
 
     Events come back with the key's ``tenant`` filled in where they named none; ``None`` is also the
     answer for anything the exact path treats specially: a body too deep or too long, a malformed or
-    invalid event, another tenant, a repeated ``event_id`` or a duplicated key.
+    invalid event, another tenant, a repeated ``event_id``, a duplicated key or a NUL escape.
     """
+    if b"\\u0000" in raw:  # maybe a NUL, which the exact path rejects with its field named
+        return None
     is_batch = raw.lstrip(_JSON_SPACE)[:1] == b"["
     if not is_batch and raw.lstrip(_JSON_SPACE)[:1] != b"{":
         return None

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import signal
 import sys
 import threading
@@ -39,7 +38,7 @@ from pydantic_settings import SettingsConfigDict
 
 from infra.settings import LiveloopSettings, TopicsSettings
 from ingest.dead_letters import DeadLetter
-from ingest.decoding import shorten
+from ingest.decoding import JSON_NUL_BYTES, shorten
 from ingest.errors import IngestError, InvalidEvent
 from ingest.events import Event, parse_event
 
@@ -47,8 +46,6 @@ log = logging.getLogger(__name__)
 
 _TOPIC = r"^[A-Za-z0-9._-]+$"
 _INT32_MAX = 2**31 - 1
-# The JSON escape \u0000 (not an escaped backslash followed by "u0000"): jsonb refuses to store it.
-_JSON_NUL = re.compile(rb"(?<!\\)(?:\\\\)*\\u0000")
 
 # A registry of this module's own: importing the module twice (tests, ``python -m``) makes a second
 # registry rather than registering the same names twice in the process-wide default one.
@@ -110,7 +107,7 @@ def _unstorable(policy_version: int | None, raw: bytes) -> str | None:
     """Why a valid event cannot be stored faithfully in the events table, or None."""
     if policy_version is not None and policy_version > _INT32_MAX:
         return f"policy_version {policy_version} does not fit the events table's integer column"
-    if _JSON_NUL.search(raw):
+    if JSON_NUL_BYTES.search(raw):
         return "the event holds a NUL character (\\u0000), which PostgreSQL jsonb cannot store"
     return None
 

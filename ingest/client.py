@@ -29,6 +29,7 @@ from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
 from infra.settings import LiveloopSettings
+from ingest.decoding import JSON_NUL_BYTES, reject_nul
 from ingest.errors import BrokerUnavailable
 from ingest.events import Event, event_to_json, parse_event
 from ingest.journal import Journal, Position
@@ -92,7 +93,10 @@ class Client:
                 self.stats.privacy_dropped += 1
             return False
         clean, counts = redact_event(parsed)
-        self.journal.append(clean.session_id.encode("utf-8"), event_to_json(clean))
+        data = event_to_json(clean)
+        if b"\\u0000" in data and JSON_NUL_BYTES.search(data):  # an Event object built with a NUL in its text
+            reject_nul(clean.model_dump())
+        self.journal.append(clean.session_id.encode("utf-8"), data)
         with self._stats_lock:
             self.stats.emitted += 1
             for kind, n in counts.items():

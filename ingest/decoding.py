@@ -7,6 +7,7 @@ input comes straight from the network, and a crash in the ingest path would stal
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -14,6 +15,12 @@ from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 
 from ingest.errors import EventTooLarge, InvalidEvent
+
+# The JSON escape \u0000 (not an escaped backslash followed by "u0000"): PostgreSQL's text and jsonb
+# cannot hold a NUL, so an event with one could never reach the audit store.
+JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+JSON_NUL_BYTES = re.compile(JSON_NUL.pattern.encode())
+NUL_REASON = "text holds a NUL character (\\u0000), which the audit store cannot keep; remove it"
 
 _NOT_BRACKETS = bytes(byte for byte in range(256) if byte not in b"[]{}")
 _OPENERS = frozenset(b"[{")
@@ -50,6 +57,24 @@ def nested_deeper_than(data: Mapping[str, Any], max_depth: int) -> bool:
         children = node.values() if isinstance(node, Mapping) else node
         stack.extend((child, depth + 1) for child in children if isinstance(child, Mapping | list | tuple))
     return False
+
+
+def reject_nul(data: object) -> None:
+    """Raise InvalidEvent naming the first field (or key) of a decoded structure whose text holds a NUL."""
+    stack: list[tuple[object, str]] = [(data, "")]
+    while stack:
+        node, path = stack.pop()
+        if isinstance(node, str):
+            if "\x00" in node:
+                raise InvalidEvent(f"field '{path}': {NUL_REASON}" if path else NUL_REASON, path or None)
+        elif isinstance(node, Mapping):
+            for key, value in node.items():
+                where = f"{path}.{shorten(str(key))}" if path else shorten(str(key))
+                if isinstance(key, str) and "\x00" in key:
+                    raise InvalidEvent(f"key of '{path or '(the event)'}': {NUL_REASON}", path or None)
+                stack.append((value, where))
+        elif isinstance(node, list | tuple):
+            stack.extend((item, f"{path}[{i}]") for i, item in enumerate(node))
 
 
 def invalid_from(exc: ValidationError) -> InvalidEvent:

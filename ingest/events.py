@@ -35,7 +35,7 @@ from pydantic import (
 )
 from pydantic.config import JsonDict
 
-from ingest.decoding import invalid_from, json_type, load_json, nested_deeper_than, shorten
+from ingest.decoding import JSON_NUL, invalid_from, json_type, load_json, nested_deeper_than, reject_nul, shorten
 from ingest.errors import EventTooLarge, InvalidEvent, UnsupportedSchemaVersion
 from ingest.payloads import (
     MAX_ID_CHARS,
@@ -268,13 +268,14 @@ def parse_event(data: bytes | bytearray | str | Mapping[str, Any]) -> Event:
         except UnicodeDecodeError as exc:
             bad = data[exc.start]
             raise InvalidEvent(f"event is not valid UTF-8: byte 0x{bad:02x} at offset {exc.start}") from exc
-        return _validate(load_json(text, MAX_JSON_DEPTH))
+        return _from_text(text)
     if isinstance(data, str):
         _check_size(len(data))
-        return _validate(load_json(data, MAX_JSON_DEPTH))
+        return _from_text(data)
     if isinstance(data, Mapping):
         if nested_deeper_than(data, MAX_JSON_DEPTH):
             raise InvalidEvent(f"event is nested deeper than {MAX_JSON_DEPTH} levels")
+        reject_nul(data)
         return _validate(data)
     raise InvalidEvent(f"cannot parse an event from {type(data).__name__}; pass JSON bytes, str or a dict")
 
@@ -284,6 +285,13 @@ def event_to_json(event: Event) -> bytes:
     # The event class's own serializer writes the same bytes as EVENT_ADAPTER.dump_json without
     # dispatching on the union first, several times faster; the SDK serialises every event here.
     return type(event).__pydantic_serializer__.to_json(event)
+
+
+def _from_text(text: str) -> Event:
+    data = load_json(text, MAX_JSON_DEPTH)
+    if "\\u0000" in text and JSON_NUL.search(text):  # the substring test is cheap; the pattern is exact
+        reject_nul(data)
+    return _validate(data)
 
 
 def _check_size(size: int) -> None:

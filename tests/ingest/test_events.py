@@ -334,6 +334,37 @@ def test_invalid_utf8_names_the_byte() -> None:
     assert "0xff" in error.reason
 
 
+def _with_nul(where: str) -> dict[str, Any]:
+    event = sample_event("generation")
+    if where == "key":
+        event["payload"]["a\x00"] = 1
+    elif where == "envelope":
+        event["user_id"] = "u\x00"
+    else:
+        event["payload"]["prompt"] = "def f():\x00"
+    return event
+
+
+@pytest.mark.parametrize(
+    ("where", "field"), [("prompt", "payload.prompt"), ("envelope", "user_id"), ("key", "payload")]
+)
+@pytest.mark.parametrize("form", ["bytes", "str", "dict"])
+def test_a_nul_is_refused_on_every_path_and_its_field_named(where: str, field: str, form: str) -> None:
+    # PostgreSQL cannot keep a NUL: accepted here, such an event would be lost to the archiver's dead letters.
+    event = _with_nul(where)
+    data = {"bytes": json.dumps(event).encode(), "str": json.dumps(event), "dict": event}[form]
+    error = reason_of(data)
+    assert "NUL character" in error.reason
+    assert error.field == field
+    assert field in error.reason
+
+
+def test_an_escaped_backslash_before_u0000_is_not_a_nul() -> None:
+    event = sample_event("generation")
+    event["payload"]["prompt"] = "print('\\u0000')"  # the six characters \u0000, as code often has them
+    assert parse_event(json.dumps(event)).payload.prompt == "print('\\u0000')"  # type: ignore[union-attr]
+
+
 @pytest.mark.parametrize(
     ("raw", "needle"),
     [

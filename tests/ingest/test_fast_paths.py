@@ -173,6 +173,10 @@ EDGE_CASES: dict[str, bytes] = {
     "byte order mark": b"\xef\xbb\xbf" + CLEAN,
     "lone surrogate": _batch(_event("generation", 1, user_id="u\ud800")),
     "control character": CLEAN.replace(b'"sess-1"', b'"sess\x01-1"', 1),
+    "NUL in a prompt": _batch(_event("generation", 1, payload={**GENERATION["payload"], "prompt": "a\x00b"})),
+    "escaped backslash before u0000": _batch(
+        _event("generation", 1, payload={**GENERATION["payload"], "prompt": "a\\u0000b"})
+    ),
     "invalid UTF-8": CLEAN.replace(b'"sess-1"', b'"sess\xff-1"', 1),
     "trailing garbage": CLEAN + b" x",
     "empty batch": b"[]",

@@ -148,6 +148,10 @@ def test_bad_events_raise_and_write_nothing(tmp_path: Path) -> None:
             client.emit({"type": "nope", "session_id": "s", "user_id": "u", "payload": {}})
         with pytest.raises(InvalidEvent):
             client.emit(b"{not json")
+        # An event object built with a NUL in its text: the audit store could never keep it.
+        built = next(session_events(1, "nul")).model_copy(update={"session_id": "s\x00"})
+        with pytest.raises(InvalidEvent, match="field 'session_id': text holds a NUL character"):
+            client.emit(built)
         assert client.journal.size_bytes() == 0
     finally:
         client.close(timeout=0)
