@@ -60,19 +60,33 @@ class RequestContext:
     @classmethod
     def from_headers(cls, headers: Any, body_user: str | None, settings: ServingSettings) -> RequestContext:
         """Read and check the liveloop headers; InvalidRequest names a bad one."""
-        session = headers.get("x-liveloop-session")
-        user = headers.get("x-liveloop-user") or body_user or settings.default_user
-        tenant = headers.get("x-liveloop-tenant") or settings.default_tenant
-        surface = headers.get("x-liveloop-surface") or settings.default_surface
+        session = _header(headers, "X-Liveloop-Session")
+        named_user = _header(headers, "X-Liveloop-User")
+        user = named_user or body_user or settings.default_user
+        tenant = _header(headers, "X-Liveloop-Tenant") or settings.default_tenant
+        surface = _header(headers, "X-Liveloop-Surface") or settings.default_surface
         if session is not None:
             _check_id("X-Liveloop-Session", session)
-        _check_id("X-Liveloop-User" if headers.get("x-liveloop-user") else "user", user)
+        _check_id("X-Liveloop-User" if named_user else "user", user)
         if not _TENANT.match(tenant):
             raise InvalidRequest(f"X-Liveloop-Tenant {tenant[:80]!r} must match {TENANT_PATTERN}")
         if not _SURFACE.match(surface):
             raise InvalidRequest(f"X-Liveloop-Surface {surface[:80]!r} must be a lower-case name such as 'ide.tab'")
         privacy = (headers.get("x-liveloop-privacy-mode") or "").strip().lower() in ("1", "true", "yes")
         return cls(session or None, user, tenant, surface, privacy)
+
+
+def _header(headers: Any, name: str) -> str | None:
+    """A header's value as UTF-8 text: Starlette reads header bytes as latin-1, so a user id such as
+    'zoë' sent as UTF-8 would otherwise arrive as 'zoÃ«' (and be stored so)."""
+    value = headers.get(name.lower())
+    if value is None:
+        return None
+    try:
+        text: str = value.encode("latin-1").decode("utf-8")
+    except UnicodeError as exc:
+        raise InvalidRequest(f"{name} is not valid UTF-8; send the header's value as UTF-8", param=name) from exc
+    return text
 
 
 def _check_id(name: str, value: str) -> None:

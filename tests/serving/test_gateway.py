@@ -251,6 +251,23 @@ def test_every_completion_is_emitted_as_a_generation_event(
     assert payload.completion_logprobs == pytest.approx(greedy_chat.logprobs, abs=1e-4)  # type: ignore[union-attr]
 
 
+def test_liveloop_headers_are_read_as_utf8(start_gateway: Callable[..., Gateway], endpoints: Endpoints) -> None:
+    gateway = start_gateway()
+    body = {"model": MODEL, "prompt": "def f():", "max_tokens": 4, "temperature": 0}
+    auth = {"Authorization": f"Bearer {gateway.key}"}
+    utf8 = {"X-Liveloop-User": "zoë-ユーザー".encode(), "X-Liveloop-Session": "séance-1".encode()}
+    answered = httpx.post(f"{gateway.url}/v1/completions", json=body, headers=auth | utf8)
+    assert answered.status_code == 200, answered.text
+    latin1 = {"X-Liveloop-User": "zo\xeb".encode("latin-1")}  # not UTF-8: refused, naming the header
+    refused = httpx.post(f"{gateway.url}/v1/completions", json=body, headers=auth | latin1)
+    assert refused.status_code == 400
+    assert refused.json()["error"]["param"] == "X-Liveloop-User"
+    assert "X-Liveloop-User is not valid UTF-8" in refused.json()["error"]["message"]
+    assert gateway.sdk.flush(timeout=30)
+    (event,) = [parse_event(e) for e in read_events(endpoints.kafka_bootstrap, gateway.topic, 1)]
+    assert (event.user_id, event.session_id) == ("zoë-ユーザー", "séance-1")
+
+
 def test_the_router_chooses_the_version_per_session(start_gateway: Callable[..., Gateway], engine: TorchEngine) -> None:
     gateway = start_gateway(router=lambda session: CANARY if session == "canary-session" else None)
     client = gateway.client()
