@@ -27,10 +27,7 @@ from __future__ import annotations
 
 import http.client
 import json
-import os
 import statistics
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -41,14 +38,13 @@ import httpx
 import pytest
 import torch
 
-from infra.credentials import ensure_credentials
 from infra.stack import Endpoints
 from learner.tiny_model import save_tiny_model
 from serving.engine import SamplingParams
 from serving.settings import ServingSettings
 from serving.torch_engine import TorchEngine
 from tests.bench.results import write_result
-from tests.conftest import free_port
+from tests.serving.gateway_server import GatewayProcess, gateway_process
 
 ROOT = Path(__file__).resolve().parents[2]
 CLIENTS = 16
@@ -112,65 +108,30 @@ def model_folder(tmp_path: Path) -> Path:
 @pytest.fixture
 def gateway(
     endpoints: Endpoints, make_topic: Callable[..., str], tmp_path: Path, model_folder: Path
-) -> Iterator[dict[str, Any]]:
+) -> Iterator[GatewayProcess]:
     """``python -m serving.gateway`` on a free port serving the tiny model as version 1."""
-    credentials = tmp_path / "credentials.json"
-    key = ensure_credentials(credentials).gateway_key.get_secret_value()
-    port = free_port()
-    model_name = f"bench-gateway-{port}"
-    env = os.environ | {
-        "LIVELOOP_SERVING_PORT": str(port),
-        "LIVELOOP_SERVING_CREDENTIALS_PATH": str(credentials),
-        "LIVELOOP_SERVING_BOOTSTRAP": endpoints.kafka_bootstrap,
-        # The test stack's registry, where this model has no champion: the gateway keeps version 1.
-        "LIVELOOP_SERVING_MLFLOW_URL": endpoints.mlflow_url,
-        "LIVELOOP_SERVING_MODEL_NAME": model_name,
-        "LIVELOOP_SERVING_EVENTS_TOPIC": make_topic(partitions=1),
-        "LIVELOOP_SERVING_SDK_JOURNAL_DIR": str(tmp_path / "journal"),
-        "LIVELOOP_SERVING_MODEL_FOLDER": str(model_folder),
-        "LIVELOOP_SERVING_MODEL_VERSION": "1",
-        "LIVELOOP_SERVING_DEVICE": "cpu",
-        "LIVELOOP_SERVING_MAX_BATCH": str(MAX_BATCH),
-        "LIVELOOP_SERVING_BATCH_WAIT_MS": str(BATCH_WAIT_MS),
-    }
-    url = f"http://127.0.0.1:{port}"
-    log_path = tmp_path / "gateway.log"
-    with log_path.open("wb") as log:
-        process = subprocess.Popen([sys.executable, "-m", "serving.gateway"], cwd=ROOT, env=env, stdout=log, stderr=log)
-    try:
-        deadline = time.monotonic() + 120
-        while not _ready(url):
-            assert process.poll() is None, log_path.read_text()
-            assert time.monotonic() < deadline, "the gateway did not become ready"
-            time.sleep(0.2)
-        yield {"url": url, "key": key, "model": model_name}
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+    with gateway_process(
+        endpoints,
+        make_topic(partitions=1),
+        tmp_path,
+        model_folder,
+        MAX_BATCH=str(MAX_BATCH),
+        BATCH_WAIT_MS=str(BATCH_WAIT_MS),
+    ) as running:
+        yield running
 
 
-def _ready(url: str) -> bool:
-    try:
-        return httpx.get(f"{url}/readyz", timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
-
-
-def test_gateway_throughput(gateway: dict[str, Any], model_folder: Path) -> None:
+def test_gateway_throughput(gateway: GatewayProcess, model_folder: Path) -> None:
     # The baseline engine runs as the gateway's does: ServingSettings' torch_threads (1) and batching.
     threads = torch.get_num_threads()
     torch.set_num_threads(ServingSettings().torch_threads or threads)
     engine = TorchEngine(device="cpu", max_batch=MAX_BATCH, batch_wait_ms=BATCH_WAIT_MS)
     engine.load(model_folder, 1)
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
-    headers = {"Authorization": f"Bearer {gateway['key']}", "Content-Type": "application/json"}
-    address = httpx.URL(gateway["url"])
+    headers = {"Authorization": f"Bearer {gateway.key}", "Content-Type": "application/json"}
+    address = httpx.URL(gateway.url)
     bodies = [
-        json.dumps({"model": gateway["model"], "prompt": p, "max_tokens": MAX_TOKENS, "temperature": 0}).encode()
+        json.dumps({"model": gateway.model, "prompt": p, "max_tokens": MAX_TOKENS, "temperature": 0}).encode()
         for p in PROMPTS
     ]
 

@@ -1,17 +1,95 @@
-"""Helpers for gateway tests and benchmarks: the app under uvicorn on a real port, events read back."""
+"""Helpers for gateway tests and benchmarks: the app under uvicorn on a real port (in a thread, or
+``python -m serving.gateway`` as production runs it), events read back."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+import httpx
 import uvicorn
 from fastapi import FastAPI
 from kafka import KafkaConsumer, TopicPartition
+
+from infra.credentials import ensure_credentials
+from infra.stack import Endpoints
+from tests.conftest import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass(frozen=True)
+class GatewayProcess:
+    """A running ``python -m serving.gateway``: its process, address, key, served model name and log."""
+
+    process: subprocess.Popen[bytes]
+    url: str
+    key: str
+    model: str
+    log_path: Path
+
+
+@contextmanager
+def gateway_process(
+    endpoints: Endpoints, events_topic: str, workdir: Path, model_folder: Path, **settings: str
+) -> Iterator[GatewayProcess]:
+    """``python -m serving.gateway`` on a free port, serving ``model_folder`` as version 1, ready when yielded.
+
+    It uses the test stack's broker and registry, under a model name of its own (no champion there, so
+    the swap controller keeps version 1). ``settings`` are more ``LIVELOOP_SERVING_*`` values
+    (``MAX_BATCH="8"``). Stopped (SIGTERM, then SIGKILL) on leaving.
+    """
+    key = ensure_credentials(workdir / "credentials.json").gateway_key.get_secret_value()
+    port = free_port()
+    model = f"test-gateway-{port}"
+    values = {
+        "PORT": str(port),
+        "CREDENTIALS_PATH": str(workdir / "credentials.json"),
+        "BOOTSTRAP": endpoints.kafka_bootstrap,
+        "MLFLOW_URL": endpoints.mlflow_url,
+        "MODEL_NAME": model,
+        "EVENTS_TOPIC": events_topic,
+        "SDK_JOURNAL_DIR": str(workdir / "journal"),
+        "MODEL_FOLDER": str(model_folder),
+        "MODEL_VERSION": "1",
+        "DEVICE": "cpu",
+        **settings,
+    }
+    env = os.environ | {f"LIVELOOP_SERVING_{name}": value for name, value in values.items()}
+    url = f"http://127.0.0.1:{port}"
+    log_path = workdir / "gateway.log"
+    with log_path.open("wb") as log:
+        process = subprocess.Popen([sys.executable, "-m", "serving.gateway"], cwd=ROOT, env=env, stdout=log, stderr=log)
+    try:
+        deadline = time.monotonic() + 120
+        while not _ready(url):
+            assert process.poll() is None, log_path.read_text()
+            assert time.monotonic() < deadline, "the gateway did not become ready within 120 s"
+            time.sleep(0.2)
+        yield GatewayProcess(process, url, key, model, log_path)
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def _ready(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/readyz", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 @contextmanager

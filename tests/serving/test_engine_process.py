@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -15,28 +12,16 @@ import httpx
 import psutil
 import pytest
 
-from infra.credentials import ensure_credentials
 from infra.stack import Endpoints
-from learner.tiny_model import TinyModelSpec, save_tiny_model
 from serving.engine import Generation, LoadFailed, SamplingParams, UnknownVersion
 from serving.engine_process import ChildExited, EngineProcess
 from serving.errors import InvalidRequest
 from serving.torch_engine import TorchEngine
-from tests.conftest import free_port
+from tests.serving.gateway_server import gateway_process
 
 ROOT = Path(__file__).resolve().parents[2]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24)
 PROMPTS = ["def add(a, b):", "The quick brown fox jumps over", "x", "SELECT * FROM users WHERE id = "]
-
-
-@pytest.fixture(scope="module")
-def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Two tiny models with different weights: policy versions 1 and 2."""
-    root = tmp_path_factory.mktemp("models")
-    return {
-        "v1": save_tiny_model(root / "v1", TinyModelSpec(seed=1)),
-        "v2": save_tiny_model(root / "v2", TinyModelSpec(seed=2)),
-    }
 
 
 @pytest.fixture
@@ -135,46 +120,12 @@ def test_when_the_child_dies_waiting_calls_fail_and_the_owner_is_told(
 def test_the_gateway_stops_when_its_engine_dies_so_its_keeper_can_restart_it(
     endpoints: Endpoints, make_topic: Callable[..., str], tmp_path: Path, folders: dict[str, Path]
 ) -> None:
-    credentials = tmp_path / "credentials.json"
-    key = ensure_credentials(credentials).gateway_key.get_secret_value()
-    port = free_port()
-    env = os.environ | {
-        "LIVELOOP_SERVING_PORT": str(port),
-        "LIVELOOP_SERVING_CREDENTIALS_PATH": str(credentials),
-        "LIVELOOP_SERVING_BOOTSTRAP": endpoints.kafka_bootstrap,
-        "LIVELOOP_SERVING_MLFLOW_URL": endpoints.mlflow_url,
-        "LIVELOOP_SERVING_MODEL_NAME": f"engine-death-{port}",
-        "LIVELOOP_SERVING_EVENTS_TOPIC": make_topic(partitions=1),
-        "LIVELOOP_SERVING_SDK_JOURNAL_DIR": str(tmp_path / "journal"),
-        "LIVELOOP_SERVING_MODEL_FOLDER": str(folders["v1"]),
-        "LIVELOOP_SERVING_MODEL_VERSION": "1",
-        "LIVELOOP_SERVING_DEVICE": "cpu",
-    }
-    log_path = tmp_path / "gateway.log"
-    with log_path.open("wb") as log:
-        gateway = subprocess.Popen([sys.executable, "-m", "serving.gateway"], cwd=ROOT, env=env, stdout=log, stderr=log)
-    try:
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 120
-        while not _ready(url):
-            assert gateway.poll() is None, log_path.read_text()
-            assert time.monotonic() < deadline, "the gateway did not become ready"
-            time.sleep(0.2)
-        body = {"model": f"engine-death-{port}", "prompt": PROMPTS[0], "max_tokens": 8, "temperature": 0}
-        answered = httpx.post(f"{url}/v1/completions", json=body, headers={"Authorization": f"Bearer {key}"})
+    with gateway_process(endpoints, make_topic(partitions=1), tmp_path, folders["v1"]) as gateway:
+        body = {"model": gateway.model, "prompt": PROMPTS[0], "max_tokens": 8, "temperature": 0}
+        headers = {"Authorization": f"Bearer {gateway.key}"}
+        answered = httpx.post(f"{gateway.url}/v1/completions", json=body, headers=headers)
         assert answered.status_code == 200, answered.text
-        (child,) = [p for p in psutil.Process(gateway.pid).children() if "spawn_main" in " ".join(p.cmdline())]
+        (child,) = [p for p in psutil.Process(gateway.process.pid).children() if "spawn_main" in " ".join(p.cmdline())]
         child.kill()
-        assert gateway.wait(timeout=60) is not None  # it stopped by itself
-        assert "the engine process exited" in log_path.read_text()
-    finally:
-        if gateway.poll() is None:
-            gateway.kill()
-            gateway.wait()
-
-
-def _ready(url: str) -> bool:
-    try:
-        return httpx.get(f"{url}/readyz", timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
+        assert gateway.process.wait(timeout=60) is not None  # it stopped by itself
+        assert "the engine process exited" in gateway.log_path.read_text()

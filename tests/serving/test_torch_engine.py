@@ -21,16 +21,6 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=24)
 PROMPTS = ["def add(a, b):", "The quick brown fox jumps over", "x", "SELECT * FROM users WHERE id = "]
 
 
-@pytest.fixture(scope="module")
-def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Two tiny models with different weights: policy versions 1 and 2."""
-    root = tmp_path_factory.mktemp("models")
-    return {
-        "v1": save_tiny_model(root / "v1", TinyModelSpec(seed=1)),
-        "v2": save_tiny_model(root / "v2", TinyModelSpec(seed=2)),
-    }
-
-
 @pytest.fixture
 def engine(folders: dict[str, Path]) -> Iterator[TorchEngine]:
     """A CPU engine serving version 1, batching up to 8 rows that arrive within 20 ms."""

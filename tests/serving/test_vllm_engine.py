@@ -29,15 +29,6 @@ PROMPTS = ["def add(a, b):", "The quick brown fox jumps over"]
 
 
 @pytest.fixture(scope="module")
-def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("models")
-    return {
-        "v1": save_tiny_model(root / "v1", TinyModelSpec(seed=1)),
-        "v2": save_tiny_model(root / "v2", TinyModelSpec(seed=2)),
-    }
-
-
-@pytest.fixture(scope="module")
 def engine(folders: dict[str, Path]) -> Iterator[Any]:
     from serving.vllm_engine import VllmEngine
 
