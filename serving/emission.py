@@ -76,6 +76,13 @@ class RequestContext:
         return cls(session or None, user, tenant, surface, privacy)
 
 
+def _storable(text: str) -> str:
+    """``text`` with each NUL as U+FFFD. The audit store cannot keep a NUL, so ingest refuses an event
+    holding one; a prompt may hold one, and a byte-level model may write one, yet the completion was
+    served and must become a sample. Its token ids keep the exact sequence the model read and wrote."""
+    return text.replace("\x00", "\ufffd") if "\x00" in text else text
+
+
 def _header(headers: Any, name: str) -> str | None:
     """A header's value as UTF-8 text: Starlette reads header bytes as latin-1, so a user id such as
     'zoë' sent as UTF-8 would otherwise arrive as 'zoÃ«' (and be stored so)."""
@@ -118,8 +125,8 @@ class GenerationEmitter:
                 generation_id=generation_id,
                 model=self.model_name,
                 policy_version=generation.policy_version,
-                prompt=prompt,
-                completion=generation.text,
+                prompt=_storable(prompt),
+                completion=_storable(generation.text),
                 prompt_token_ids=generation.prompt_token_ids,
                 completion_token_ids=generation.token_ids,
                 completion_logprobs=generation.logprobs,

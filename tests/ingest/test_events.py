@@ -519,7 +519,7 @@ def test_mutated_events_only_ever_raise_invalid_event(event_type: str, data: st.
 
 IDENTIFIERS = st.from_regex(r"[a-z][a-z0-9_.-]{0,15}", fullmatch=True)
 IDS = st.text(st.characters(blacklist_categories=("Cc", "Cs")), min_size=1, max_size=20)
-TEXT = st.text(max_size=60)
+TEXT = st.text(st.characters(blacklist_characters="\x00"), max_size=60)  # a NUL is refused (see above)
 LOGPROBS = st.floats(max_value=0.0, allow_nan=False, allow_infinity=False)
 TOKEN_IDS = st.integers(min_value=0, max_value=2**31 - 1)
 TIMESTAMPS = st.datetimes(min_value=datetime(1970, 1, 1), max_value=datetime(2100, 1, 1)).map(

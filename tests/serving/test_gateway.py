@@ -268,6 +268,21 @@ def test_liveloop_headers_are_read_as_utf8(start_gateway: Callable[..., Gateway]
     assert (event.user_id, event.session_id) == ("zoë-ユーザー", "séance-1")
 
 
+def test_a_prompt_with_a_nul_is_served_and_its_event_stored_with_a_replacement_character(
+    start_gateway: Callable[..., Gateway], engine: TorchEngine, endpoints: Endpoints
+) -> None:
+    gateway = start_gateway()
+    prompt = "def f():\x00"
+    served = gateway.client().completions.create(model=MODEL, prompt=prompt, max_tokens=6, temperature=0)
+    expected = engine.generate([prompt], SamplingParams(temperature=0, max_tokens=6))[0]
+    assert served.choices[0].text == expected.text
+    assert gateway.sdk.flush(timeout=30)
+    (event,) = [parse_event(e) for e in read_events(endpoints.kafka_bootstrap, gateway.topic, 1)]
+    payload: Any = event.payload
+    assert payload.prompt == "def f():\ufffd"  # the audit store cannot keep a NUL
+    assert payload.prompt_token_ids == expected.prompt_token_ids  # what the model read, exactly
+
+
 def test_the_router_chooses_the_version_per_session(start_gateway: Callable[..., Gateway], engine: TorchEngine) -> None:
     gateway = start_gateway(router=lambda session: CANARY if session == "canary-session" else None)
     client = gateway.client()
