@@ -8,10 +8,11 @@ without waiting for each acknowledgement.
    partitions, and keeps each session's state (``distill.sessions``) in a changelog-backed table.
    An event moves the session's state machine; a tick (sent by a timer to every partition) finalises
    the generations whose windows closed, so timers survive restarts: the deadlines live in the table.
-   Scored samples go to an internal topic keyed by user.
+   Scored samples go to an internal topic, on their user's partition, a batch's samples for one
+   partition in one record (``distill.scored``: one record per sample cost more than scoring it).
 2. ``admit`` reads that topic and applies the per-user cap (a table keyed by user, so the cap holds
    across every session of the user), then publishes admitted samples to the samples topic and
-   stores them with their lineage in PostgreSQL (the audit store), batch by batch.
+   stores them with their lineage in PostgreSQL (the audit store), batch by batch (``distill.sink``).
 
 Delivery is at least once, without waiting for each acknowledgement: Faust flushes the producer
 before it commits any offset, so a crash re-reads whatever was not committed. What a re-read cannot
@@ -29,20 +30,21 @@ from typing import Any
 
 import faust
 import mode
-from kafka.partitioner.default import murmur2
 
 from distill import tuning
 from distill.admission import UserAdmissions
 from distill.batch import TableBatch
 from distill.deadlines import DeadlineIndex
 from distill.metrics import METRICS, render
-from distill.samples import Sample, parse_sample, sample_to_json
+from distill.samples import Sample, parse_sample
+from distill.scored import ScoredRecords, partition_of, samples_of
 from distill.sessions import Outcome, SessionState, apply_event, apply_tick, expired, settle_outbox
 from distill.settings import DistillSettings
 from distill.sink import AuditSink
 from distill.spec import RewardSpec, load_spec
 from infra.settings import TopicSpec
 from infra.topics import ensure_topics
+from ingest.api_fast import parse_clean_event
 from ingest.dead_letters import DeadLetter
 from ingest.errors import InvalidEvent
 from ingest.events import Event, parse_event
@@ -68,11 +70,6 @@ ROCKSDB_OPTIONS = {
     "block_cache_size": 16 << 20,
     "block_cache_compressed_size": 4 << 20,
 }
-
-
-def partition_of(key: bytes, partitions: int) -> int:
-    """Kafka's default partition for a key (murmur2), as every producer of the events topic uses."""
-    return int(murmur2(key) & 0x7FFFFFFF) % partitions
 
 
 def build_app(settings: DistillSettings, spec: RewardSpec | None = None) -> faust.App:
@@ -107,7 +104,8 @@ def build_app(settings: DistillSettings, spec: RewardSpec | None = None) -> faus
     ticks_name = f"{settings.app_id}-ticks"
     ticks = app.topic(ticks_name, partitions=settings.partitions, internal=True, **raw)
     source = app.topic(settings.events_topic, ticks_name, **raw)
-    scored = app.topic(f"{settings.app_id}-scored", partitions=settings.partitions, internal=True, **raw)
+    scored_name = f"{settings.app_id}-scored"  # its records: distill.scored
+    scored = app.topic(scored_name, partitions=settings.partitions, internal=True, **raw)
     dlq = app.topic(settings.dlq_topic, **raw)
     # Tables of JSON bytes, stored as they are; a key's changelog partition is that of the event that
     # brought it (see distill.batch), so a session's state stays on its events' partition.
@@ -120,19 +118,35 @@ def build_app(settings: DistillSettings, spec: RewardSpec | None = None) -> faus
         futures and callbacks); the producer is what Faust flushes before it commits any offset."""
         await app.producer.send(topic, key, value, partition=None, timestamp=None, headers=None)
 
+    async def send_scored(records: ScoredRecords) -> None:
+        """Hand the collected samples to ``admit``: a few records, each on its partition (``distill.scored``)."""
+        for partition, value in records.records():
+            await app.producer.send(scored_name, None, value, partition=partition, timestamp=None, headers=None)
+
     async def publish(outcomes: list[tuple[Outcome, SessionState]]) -> None:
         """Hand the batch's samples on, without waiting for acknowledgements, and record late feedback."""
         late: list[tuple[Event, str | None]] = []
+        records = ScoredRecords(settings.partitions)
+        # Counted per batch: a labelled counter costs a lookup and a lock per call.
+        by_version: dict[int, list[int]] = {}  # policy version -> [generations, deferrals, invalid tool calls]
+        capped = 0
         for outcome, state in outcomes:
-            for sample in outcome.samples:
-                await send(scored.get_topic_name(), sample.user_id.encode(), sample_to_json(sample))
-                METRICS.deferrals.labels(str(sample.policy_version)).inc(int(sample.deferral))
-                METRICS.invalid_tool_calls.labels(str(sample.policy_version)).inc(sample.invalid_tool_calls)
-                METRICS.generations.labels(str(sample.policy_version)).inc()
+            for sample, sample_json in zip(outcome.samples, outcome.sample_json, strict=True):
+                records.add(sample.user_id, sample_json)
+                counts = by_version.setdefault(sample.policy_version, [0, 0, 0])
+                counts[0] += 1
+                counts[1] += int(sample.deferral)
+                counts[2] += sample.invalid_tool_calls
             late += [(event, state.finalised.get(str(_generation_id(event)))) for event in outcome.late]
-            METRICS.samples_scored.inc(len(outcome.samples))
-            METRICS.session_capped.inc(len(outcome.capped))
-            METRICS.late_feedback.inc(len(outcome.late))
+            capped += len(outcome.capped)
+        for version, (generations, deferrals, invalid) in by_version.items():
+            METRICS.generations.labels(str(version)).inc(generations)
+            METRICS.deferrals.labels(str(version)).inc(deferrals)
+            METRICS.invalid_tool_calls.labels(str(version)).inc(invalid)
+        METRICS.samples_scored.inc(sum(counts[0] for counts in by_version.values()))
+        METRICS.session_capped.inc(capped)
+        METRICS.late_feedback.inc(len(late))
+        await send_scored(records)
         await sink.record_late(late)
 
     async def on_event(
@@ -140,7 +154,8 @@ def build_app(settings: DistillSettings, spec: RewardSpec | None = None) -> faus
     ) -> None:
         key: bytes | None = event.key
         try:
-            parsed = parse_event(event.value)
+            # The fast reader takes what ingest let through; anything doubtful gets parse_event's verdict.
+            parsed = parse_clean_event(event.value) or parse_event(event.value)
         except InvalidEvent as exc:
             letter = DeadLetter.of(event.value, exc.reason, "distill", field=exc.field)
             await (await dlq.send(key=key, value=letter.to_json()))
@@ -175,13 +190,14 @@ def build_app(settings: DistillSettings, spec: RewardSpec | None = None) -> faus
         """After a start or a rebalance, one scan of the (recovered) table: rebuild the deadline index
         and publish again every sample that may not have been delivered before a crash (this only
         sends, so it needs no partition's event context)."""
+        records = ScoredRecords(settings.partitions)
         for key, value in list(sessions.items()):
             state = SessionState.load(value)
             deadlines.update(key, partition_of(key, settings.partitions), state)
             for sample_json, _ in state.outbox.values():
-                sample = parse_sample(sample_json)
-                await send(scored.get_topic_name(), sample.user_id.encode(), sample_json.encode())
+                records.add(parse_sample(sample_json).user_id, sample_json.encode())
             METRICS.samples_republished.inc(len(state.outbox))
+        await send_scored(records)
         deadlines.built = True
 
     @app.on_partitions_revoked.connect  # type: ignore[arg-type]
@@ -218,14 +234,17 @@ def build_app(settings: DistillSettings, spec: RewardSpec | None = None) -> faus
             batch = TableBatch(users, UserAdmissions.load, UserAdmissions.dump)
             admitted: list[Sample] = []
             for event in events:
-                sample = parse_sample(event.value)
-                if batch.get(sample.user_id.encode(), event).admit(sample, spec.guards):
-                    # No wait for the acknowledgement: Faust flushes the producer before it commits the
-                    # offset of this record, so a crash re-reads the record and publishes the sample again.
-                    await send(settings.samples_topic, sample.sample_id.encode(), event.value)
-                    admitted.append(sample)
-                else:
-                    METRICS.user_capped.inc()
+                # One record holds samples of users of its partition (distill.scored), so the record's
+                # partition is each user's.
+                for sample_json in samples_of(event.value):
+                    sample = parse_sample(sample_json)
+                    if batch.get(sample.user_id.encode(), event).admit(sample, spec.guards):
+                        # No wait for the acknowledgement: Faust flushes the producer before it commits the
+                        # offset of this record, so a crash re-reads the record and publishes the sample again.
+                        await send(settings.samples_topic, sample.sample_id.encode(), sample_json)
+                        admitted.append(sample)
+                    else:
+                        METRICS.user_capped.inc()
             # The audit store gets what the samples topic gets, in the same batch: a crash before the
             # batch's offsets are committed re-admits it (repeats pass the cap again, and the database
             # keeps one row per sample id), so neither can miss a sample the other has for long.

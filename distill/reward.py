@@ -164,7 +164,12 @@ def counted_feedback(generation: GenerationEvent, events: Iterable[EventBase], s
         and not event.privacy_mode
         and not is_late(generation, event, spec)
     ]
-    candidates.sort(key=lambda event: (event.ts, str(event.event_id), event_to_json(event)))
+    if len({_order(event) for event in candidates}) == len(candidates):
+        # No two share (ts, event_id), so the serialisation below would never be compared: the same order
+        # without serialising every event (only copies of one event id can share them).
+        candidates.sort(key=_order)
+    else:
+        candidates.sort(key=lambda event: (event.ts, str(event.event_id), event_to_json(event)))
     seen: set[str] = set()
     kept: list[Feedback] = []
     for event in candidates:

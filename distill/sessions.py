@@ -127,6 +127,8 @@ class Outcome:
     """What one step of the state machine produced."""
 
     samples: list[Sample] = field(default_factory=list)
+    # Each sample's JSON (``sample_to_json``), serialised once for the outbox and the topic alike.
+    sample_json: list[bytes] = field(default_factory=list)
     capped: list[Sample] = field(default_factory=list)
     late: list[Event] = field(default_factory=list)
     duplicate: bool = False
@@ -249,8 +251,10 @@ def _finalise(
     state.finalised[generation_id] = sample.sample_id
     admitted, state.admitted = admit_session(state.admitted, spec.guards)
     if admitted:
+        raw = sample_to_json(sample)
         outcome.samples.append(sample)
-        state.outbox[generation_id] = (sample_to_json(sample).decode(), now)
+        outcome.sample_json.append(raw)
+        state.outbox[generation_id] = (raw.decode(), now)
     else:
         outcome.capped.append(sample)
 

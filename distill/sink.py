@@ -9,7 +9,6 @@ batch: the stream waits, and nothing it has taken in is acknowledged without bei
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -26,6 +25,23 @@ log = logging.getLogger(__name__)
 
 RETRY_FOR_S = 300.0
 """How long a write waits for an unreachable database before the distiller gives up (and crashes)."""
+
+
+# A repeat of a sample (a re-delivery) may come twice in one batch; DO NOTHING skips the second copy.
+_INSERT_SAMPLES = """
+INSERT INTO samples (sample_id, generation_id, session_id, user_id, tenant, policy_version, reward, components,
+                     spec_hash, body)
+SELECT s->>'sample_id', (s->>'generation_id')::uuid, s->>'session_id', s->>'user_id', s->>'tenant',
+       (s->>'policy_version')::integer, (s->>'reward')::double precision, s->'components', s->>'spec_hash', s
+FROM jsonb_array_elements(%s::jsonb) AS s
+ON CONFLICT (sample_id) DO NOTHING
+"""
+_INSERT_LINEAGE = """
+INSERT INTO sample_events (sample_id, event_id)
+SELECT s->>'sample_id', e::uuid
+FROM jsonb_array_elements(%s::jsonb) AS s, jsonb_array_elements_text(s->'source_event_ids') AS e
+ON CONFLICT DO NOTHING
+"""
 
 
 class AuditSink:
@@ -78,30 +94,21 @@ class AuditSink:
         await self._retrying("the reward spec", write)
 
     async def write_samples(self, samples: Sequence[Sample]) -> None:
-        """Store samples and their source events in one transaction."""
+        """Store samples and their source events in one transaction.
+
+        The samples go to PostgreSQL as one JSON array, which each statement takes apart (a sample's
+        body is its JSON, so every column is a field of it): two statements per batch, and no binding
+        of parameters row by row, which cost more of the distiller's time than anything else it did.
+        """
         if not samples:
             return
-        rows = [
-            (
-                s.sample_id, s.generation_id, s.session_id, s.user_id, s.tenant, s.policy_version, s.reward,
-                json.dumps(s.components), s.spec_hash, sample_to_json(s).decode(),
-            )
-            for s in samples
-        ]  # fmt: skip
-        lineage = [(s.sample_id, event_id) for s in samples for event_id in s.source_event_ids]
+        batch = (b"[" + b",".join(sample_to_json(s) for s in samples) + b"]").decode()
 
         async def write() -> None:
             pool = await self._open()
-            async with pool.connection() as conn, conn.transaction(), conn.cursor() as cur:
-                await cur.executemany(
-                    "INSERT INTO samples (sample_id, generation_id, session_id, user_id, tenant, policy_version,"
-                    " reward, components, spec_hash, body) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
-                    " ON CONFLICT (sample_id) DO NOTHING",
-                    rows,
-                )
-                await cur.executemany(
-                    "INSERT INTO sample_events (sample_id, event_id) VALUES (%s, %s) ON CONFLICT DO NOTHING", lineage
-                )
+            async with pool.connection() as conn, conn.transaction():
+                await conn.execute(_INSERT_SAMPLES, (batch,))
+                await conn.execute(_INSERT_LINEAGE, (batch,))
 
         await self._retrying(f"{len(samples)} samples", write)
 

@@ -4,8 +4,9 @@ Both sides are real processes on the local broker: the distiller is ``python -m 
 ``tests/distill/stream_harness.py`` (fresh app id, topics and tables per run, default settings, so the
 timer ticks every second as in production); the baseline is a minimal aiokafka consume-and-produce
 loop (``PASSTHROUGH`` below: read a batch, send every record on with acks=all, wait for the acks).
-Each side is started and proven ready (a probe goes through) before the clock starts, so start-up
-and group joins are not measured. Runs alternate so that a noisy machine moves both.
+Each side is started and proven ready (a probe goes all the way through: for the distiller a whole
+session, whose sample must reach the samples topic) before the clock starts, so start-up and group
+joins are not measured. Runs alternate so that a noisy machine moves both.
 
 (a) ``distill_throughput``: events/s from the first event produced until the last sample is on the
     samples topic (the last output record's broker timestamp), sessions of 4 events (start,
@@ -45,6 +46,7 @@ RATE = 2_000  # events/s for the latency benchmark
 LOW_RATE = 200
 LATENCY_SECONDS = 5.0
 RUNS = 3
+PROBES = 1  # sessions a distiller processes before the clock starts (see ``distiller``)
 DRAIN_S = 300.0  # most a run waits for its last output
 
 Record = tuple[bytes, bytes, int]  # key, value, broker timestamp in ms
@@ -159,23 +161,33 @@ def wait_for_records(bootstrap: str, topic: str, count: int, distinct: bool = Fa
         consumer.close(autocommit=False)
 
 
-def sessions_records(count: int, tag: str) -> list[list[tuple[bytes, bytes]]]:
-    """``count`` sessions of 4 events (start, generation, accept, end) as keyed JSON records, timestamped now."""
+def sessions_records(count: int, tag: str, user: str = "user") -> list[list[tuple[bytes, bytes]]]:
+    """``count`` sessions of 4 events (start, generation, accept, end) as keyed JSON records, timestamped now,
+    spread over 500 users ``<user>-<n>``."""
     now = datetime.now(UTC)
     sessions = []
     for i in range(count):
         session = f"bench-{tag}-{i}"
-        events = simple_session(session, uuid.uuid4(), ts=now, user_id=f"user-{i % 500}")
+        events = simple_session(session, uuid.uuid4(), ts=now, user_id=f"{user}-{i % 500}")
         sessions.append([(session.encode(), dump_json(event)) for event in events])
     return sessions
 
 
 def distiller(endpoints: Endpoints, dsn: str, workdir: Path) -> StreamHarness:
-    """A ready distiller worker with default settings (ticks every second) on fresh topics."""
+    """A ready distiller worker with default settings (ticks every second) on fresh topics.
+
+    Ready as the passthrough is ready: a probe goes all the way through, here a whole session whose
+    sample reaches the samples topic (so the internal hop, the tables' changelogs, the audit store
+    and the samples topic have each been used once). Its sample is the one record on the samples
+    topic before the clock starts: callers wait for :data:`PROBES` more.
+    """
     harness = StreamHarness(endpoints.kafka_bootstrap, dsn, workdir, partitions=PARTITIONS, tick_interval_s=1.0)
     try:
         harness.start()
         harness.wait_ready()
+        probes = sessions_records(PROBES, f"probe-{uuid.uuid4().hex[:8]}", user="probe")  # its own user: no cap spent
+        produce(harness.bootstrap, harness.events_topic, [record for session in probes for record in session])
+        wait_for_records(harness.bootstrap, harness.samples_topic, PROBES)
     except BaseException:
         harness.close()
         raise
@@ -196,7 +208,7 @@ def _distill_throughput(endpoints: Endpoints, dsn: str, workdir: Path) -> float:
     records = [record for session in sessions for record in session]
     with distiller(endpoints, dsn, workdir) as harness:
         started_at = produce(harness.bootstrap, harness.events_topic, records)
-        out = wait_for_records(harness.bootstrap, harness.samples_topic, len(sessions), distinct=True)
+        out = wait_for_records(harness.bootstrap, harness.samples_topic, len(sessions) + PROBES, distinct=True)
     return len(records) / (max(ts for _, _, ts in out) / 1000 - started_at)
 
 
@@ -257,7 +269,7 @@ def _distill_latency(endpoints: Endpoints, dsn: str, workdir: Path, rate: float)
     sessions = sessions_records(int(rate * LATENCY_SECONDS / 4), uuid.uuid4().hex[:8])
     with distiller(endpoints, dsn, workdir) as harness:
         sent_at = produce_paced(harness.bootstrap, harness.events_topic, sessions, rate)
-        out = wait_for_records(harness.bootstrap, harness.samples_topic, len(sessions), distinct=True)
+        out = wait_for_records(harness.bootstrap, harness.samples_topic, len(sessions) + PROBES, distinct=True)
     # Samples are keyed by sample id; map each back to its session through the sample's body.
     by_session = [(_session_key(value), value, ts) for _, value, ts in out]
     return _latencies(sessions, sent_at, by_session)

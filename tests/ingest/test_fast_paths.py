@@ -19,9 +19,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ingest.api_batch import BodyTooLarge, Limits, decode_body, judge_body, judge_items
-from ingest.api_fast import validate_clean_body
+from ingest.api_fast import parse_clean_event, validate_clean_body
 from ingest.errors import InvalidEvent
-from ingest.events import EVENT_TYPES
+from ingest.events import EVENT_TYPES, event_to_json, parse_event
 from ingest.redaction import redact_text, redact_unscreened
 from ingest.secret_rules import KEY_WORDS, SHAPE_RULES
 from ingest.secret_screen import may_hold_secret
@@ -243,3 +243,57 @@ def test_edited_batches_get_the_exact_answer(
     for (old, new), count in edits:
         raw = raw.replace(old, new, count)
     assert _outcome(judge_body(raw, TENANT, LIMITS)) == _exact(raw, TENANT)
+
+
+# -- one event, as the distiller reads them -------------------------------------------------------------
+
+SINGLE = json.dumps(GENERATION).encode()
+SINGLE_CASES: dict[str, bytes] = {
+    "clean": SINGLE,
+    "pretty printed": json.dumps(GENERATION, indent=2).encode(),
+    "duplicate key": SINGLE.replace(b'"session_id"', b'"user_id": "u-2", "session_id"', 1),
+    "duplicate nested key": SINGLE.replace(b'"model"', b'"model": "m2", "model"', 1),
+    "NaN": SINGLE.replace(b'"latency_ms": ', b'"latency_ms": NaN, "x": ', 1),
+    "lone surrogate": json.dumps(_event("generation", 1, user_id="u\ud800")).encode(),
+    "NUL": json.dumps(_event("generation", 1, user_id="u\x00")).encode(),
+    "control character": SINGLE.replace(b'"sess-1"', b'"sess\x01-1"', 1),
+    "invalid UTF-8": SINGLE.replace(b'"sess-1"', b'"sess\xff-1"', 1),
+    "trailing garbage": SINGLE + b" x",
+    "a batch": CLEAN,
+    "newer schema": json.dumps(_event("generation", 1, schema_version=2)).encode(),
+    "naive timestamp": json.dumps(_event("generation", 1, ts="2025-01-31T12:00:00")).encode(),
+    "too large": json.dumps(_event("generation", 1, user_id="u" * (1 << 24))).encode(),
+    "deep nesting": b'{"a": ' * 100 + b"1" + b"}" * 100,
+    **{f"type {name}": json.dumps(_event(name, 1)).encode() for name in EVENT_TYPES},
+}
+
+
+def _read(raw: bytes) -> Any:
+    """What the exact reader answers: the event's JSON, or the reason it was refused."""
+    try:
+        return event_to_json(parse_event(raw))
+    except InvalidEvent as exc:
+        return ("refused", exc.reason)
+
+
+@pytest.mark.parametrize("case", list(SINGLE_CASES))
+def test_an_event_read_fast_is_the_event_parse_event_reads(case: str) -> None:
+    raw = SINGLE_CASES[case]
+    fast = parse_clean_event(raw)
+    if fast is not None:
+        assert event_to_json(fast) == _read(raw)
+    elif case == "clean" or case.startswith("type "):
+        pytest.fail(f"a clean event ({case}) should take the fast path")
+
+
+@PROPERTIES
+@given(st.sampled_from(EVENT_TYPES), st.lists(st.tuples(_EDITS, st.integers(0, 3))))
+def test_an_edited_event_read_fast_is_the_event_parse_event_reads(
+    event_type: str, edits: list[tuple[tuple[bytes, bytes], int]]
+) -> None:
+    raw = json.dumps(_event(event_type, 1)).encode()
+    for (old, new), count in edits:
+        raw = raw.replace(old, new, count)
+    fast = parse_clean_event(raw)
+    if fast is not None:
+        assert event_to_json(fast) == _read(raw)
