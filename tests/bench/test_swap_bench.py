@@ -1,5 +1,8 @@
 """Benchmark: hot-swapping the champion under load (tiny model, CPU torch engine, real stack).
 
+The engine runs as the gateway runs it: in a process of its own (``serving.engine_process``, the
+settings' torch threads), the swap controller beside the callers in this process.
+
 Two clients call the engine without pause while the champion is promoted five times; between the
 promotions come equally long steady windows without any swap.
 
@@ -26,9 +29,10 @@ from infra.migrations import migrate
 from infra.registry import Registry
 from infra.stack import Endpoints
 from serving.engine import SamplingParams
+from serving.engine_process import EngineProcess
 from serving.promotion import Promoter
+from serving.settings import ServingSettings
 from serving.swap import SwapController
-from serving.torch_engine import TorchEngine
 from tests.bench.results import write_result
 from tests.serving.checkpoints import register, write_checkpoint
 
@@ -54,7 +58,7 @@ def test_swap_bench(endpoints: Endpoints, fresh_database: str, make_topic: Calla
         registry=registry, dsn=fresh_database, bootstrap=endpoints.kafka_bootstrap, topic=topic, model_name=name
     )
     promoter.promote(1, actor="bench", reason="start")
-    engine = TorchEngine(device="cpu", max_batch=8, batch_wait_ms=1.0)
+    engine = EngineProcess(device="cpu", max_batch=8, batch_wait_ms=1.0, torch_threads=ServingSettings().torch_threads)
     controller = SwapController(
         engine,
         registry=registry,
