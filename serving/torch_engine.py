@@ -134,6 +134,9 @@ class TorchEngine(QueuingEngine):
             self._check_fits(loaded, prompt, ids, params)
         requests = [_Request(loaded, ids, params, Future()) for ids in encoded]
         answer: Future[list[Generation]] = Future()
+        if not requests:
+            answer.set_result([])
+            return answer
         remaining = [len(requests)]
 
         def row_done(_: Future[Decoded]) -> None:

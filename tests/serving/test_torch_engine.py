@@ -185,6 +185,10 @@ def test_max_tokens_and_stop_strings_are_honoured(engine: TorchEngine) -> None:
     assert stopped.logprobs == pytest.approx(full.logprobs[: first + 1], abs=1e-6)
 
 
+def test_no_prompts_get_no_generations_at_once(engine: TorchEngine) -> None:
+    assert engine.submit([], GREEDY).result(timeout=5) == []
+
+
 def test_a_prompt_too_long_for_the_context_is_refused(engine: TorchEngine) -> None:
     with pytest.raises(InvalidRequest, match="exceeds the model's context of 1024"):
         engine.generate(["y" * 1000], SamplingParams(max_tokens=64))
