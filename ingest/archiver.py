@@ -38,7 +38,7 @@ from pydantic_settings import SettingsConfigDict
 
 from infra.settings import LiveloopSettings, TopicsSettings
 from ingest.dead_letters import DeadLetter
-from ingest.decoding import JSON_NUL_BYTES, shorten
+from ingest.decoding import shorten
 from ingest.errors import IngestError, InvalidEvent
 from ingest.events import Event, parse_event
 
@@ -103,12 +103,11 @@ class ArchiverSettings(LiveloopSettings):
     )
 
 
-def _unstorable(policy_version: int | None, raw: bytes) -> str | None:
-    """Why a valid event cannot be stored faithfully in the events table, or None."""
+def _unstorable(policy_version: int | None) -> str | None:
+    """Why a valid event cannot be stored faithfully in the events table, or None. (A NUL, which
+    PostgreSQL cannot hold either, never gets this far: parse_event refuses it.)"""
     if policy_version is not None and policy_version > _INT32_MAX:
         return f"policy_version {policy_version} does not fit the events table's integer column"
-    if JSON_NUL_BYTES.search(raw):
-        return "the event holds a NUL character (\\u0000), which PostgreSQL jsonb cannot store"
     return None
 
 
@@ -151,7 +150,7 @@ class Batch:
             self.privacy_dropped += 1
             return
         policy_version: int | None = getattr(event.payload, "policy_version", None)
-        problem = _unstorable(policy_version, raw)
+        problem = _unstorable(policy_version)
         if problem is not None:
             where = where or f"[{partition}]@{offset}"
             self.letters[where] = _letter(raw, problem, where, event.tenant, event.session_id)
