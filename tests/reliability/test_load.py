@@ -33,6 +33,9 @@ SAMPLE_EVERY_S = 5.0
 MB = 1024 * 1024
 
 
+JVM_LIMIT_MB = 1024 + 512  # the broker's -Xmx1g (infra.settings kafka_heap_opts) plus metaspace, threads, buffers
+
+
 def _pss(processes: list[psutil.Process]) -> int:
     """Proportional set size: shared pages (PostgreSQL's shared buffers, a forked worker's parent pages)
     are split between the processes that share them, so summing over a component does not count them twice."""
@@ -154,6 +157,11 @@ def test_sustained_ingest_keeps_memory_and_lag_bounded(tmp_path: Path, reliabili
     assert dead_letters == pump.planted, f"{dead_letters} dead letters, {pump.planted} planted"
     for name, figures in memory.items():
         first, last = figures["first_third_peak_mb"], figures["last_third_peak_mb"]
+        if name == "kafka":
+            # A JVM: its resident size climbs towards its fixed heap limit as the heap is used, whatever the
+            # load (439 -> 665 MB in one CI run), and cannot grow past that limit plus the JVM's own memory.
+            assert last <= JVM_LIMIT_MB, f"the broker grew to {last} MB, past its heap limit plus the JVM's own"
+            continue
         assert last <= max(1.5 * first, first + 150), f"{name} grew from {first} MB to {last} MB"
     for name, peak in lag_peaks.items():
         assert peak <= rate * 60, f"{name} fell {peak} records behind (over a minute of traffic)"
