@@ -76,7 +76,11 @@ class TorchEngine(QueuingEngine):
     def load(self, folder: Path, policy_version: int) -> None:
         """Load a full-weights folder, or a LoRA adapter folder on top of the default version's base."""
         with self._load_lock:
-            loaded = load_version(Path(folder), policy_version, self._base_for_adapter, self.device, self.dtype)
+            with self._lock:
+                serving = self._versions.get(self._default) if self._default is not None else None
+            loaded = load_version(
+                Path(folder), policy_version, self._base_for_adapter, self.device, self.dtype, like=serving
+            )
             with self._lock:
                 self._versions[policy_version] = loaded
                 if self._default is None:

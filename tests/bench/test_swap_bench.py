@@ -1,7 +1,8 @@
 """Benchmark: hot-swapping the champion under load (tiny model, CPU torch engine, real stack).
 
 The engine runs as the gateway runs it: in a process of its own (``serving.engine_process``, the
-settings' torch threads), the swap controller beside the callers in this process.
+settings' torch threads), the swap controller beside the callers in this process. Promotions come
+from another process, as they come from the ops service or the CLI (``PROMOTER``).
 
 Two clients call the engine without pause while the champion is promoted five times; between the
 promotions come equally long steady windows without any swap.
@@ -19,6 +20,8 @@ Never asserts on time.
 from __future__ import annotations
 
 import statistics
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -40,6 +43,20 @@ SWAPS = 5
 STEADY_S = 3.0
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8)
 
+# Promotes each model version read from stdin; answers a line when done.
+PROMOTER = """
+import sys
+from infra.registry import Registry
+from serving.promotion import Promoter
+
+url, dsn, bootstrap, topic, name = sys.argv[1:]
+promoter = Promoter(registry=Registry(url), dsn=dsn, bootstrap=bootstrap, topic=topic, model_name=name)
+print("ready", flush=True)
+for line in sys.stdin:
+    promoter.promote(int(line), actor="bench", reason="bench")
+    print("promoted", flush=True)
+"""
+
 
 def _p99(values: list[float]) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[98]
@@ -54,10 +71,16 @@ def test_swap_bench(endpoints: Endpoints, fresh_database: str, make_topic: Calla
         write_checkpoint(tmp_path / f"p{policy}", model_name=name, policy_version=policy, seed=policy)
         versions[register(endpoints.mlflow_url, tmp_path / f"p{policy}", name)] = policy
     registry = Registry(endpoints.mlflow_url)
-    promoter = Promoter(
+    Promoter(
         registry=registry, dsn=fresh_database, bootstrap=endpoints.kafka_bootstrap, topic=topic, model_name=name
+    ).promote(1, actor="bench", reason="start")
+    args = [endpoints.mlflow_url, fresh_database, endpoints.kafka_bootstrap, topic, name]
+    promoter = subprocess.Popen(
+        [sys.executable, "-c", PROMOTER, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     )
-    promoter.promote(1, actor="bench", reason="start")
+    assert promoter.stdout is not None
+    assert promoter.stdin is not None
+    assert promoter.stdout.readline().strip() == "ready"
     engine = EngineProcess(device="cpu", max_batch=8, batch_wait_ms=1.0, torch_threads=ServingSettings().torch_threads)
     controller = SwapController(
         engine,
@@ -92,10 +115,12 @@ def test_swap_bench(endpoints: Endpoints, fresh_database: str, make_topic: Calla
             steady.append((window, time.monotonic()))
             policy = versions[model_version]
             began = time.monotonic()
-            promoter.promote(model_version, actor="bench", reason="bench")
+            promoter.stdin.write(f"{model_version}\n")
+            promoter.stdin.flush()
             while not any(v == policy and end >= began for _, end, v in done[-50:]):
                 time.sleep(0.005)
             first = min(end for _, end, v in done if v == policy and end >= began)
+            assert promoter.stdout.readline().strip() == "promoted"
             swap_times.append(first - began)
             time.sleep(1.0)
             swapping.append((began, time.monotonic()))
@@ -112,6 +137,8 @@ def test_swap_bench(endpoints: Endpoints, fresh_database: str, make_topic: Calla
             thread.join(timeout=60)
         controller.stop()
         engine.close()
+        promoter.kill()
+        promoter.communicate(timeout=30)  # reaps it and closes its pipes
 
     def latencies(windows: list[tuple[float, float]]) -> list[float]:
         return [e - s for s, e, _ in done if any(s <= hi and e >= lo for lo, hi in windows)]

@@ -236,6 +236,7 @@ def test_a_checkpoint_with_nan_weights_is_refused_and_the_old_version_serves_on(
 ) -> None:
     from safetensors.torch import load_file, save_file
 
+    # The serving architecture with other weights: it loads as a copy of v1 (torch_load), checked all the same.
     broken = save_tiny_model(tmp_path / "broken", TinyModelSpec(seed=3))
     weights = load_file(broken / "model.safetensors")
     name = next(n for n in weights if "mlp" in n)
@@ -249,6 +250,34 @@ def test_a_checkpoint_with_nan_weights_is_refused_and_the_old_version_serves_on(
     assert engine.loaded_versions == [1]
     assert engine.default_version == 1
     assert [g.token_ids for g in engine.generate(PROMPTS, GREEDY)] == [g.token_ids for g in before]
+
+
+def test_a_checkpoint_differing_in_weights_alone_loads_as_a_copy_that_decodes_as_a_full_load(
+    folders: dict[str, Path], tmp_path: Path
+) -> None:
+    cpu, f32 = torch.device("cpu"), torch.float32
+    serving = load_version(folders["v1"], 1, _no_base, cpu, f32)
+    v1_weights = {name: tensor.clone() for name, tensor in serving.model.state_dict().items()}
+    copied = load_version(folders["v2"], 2, _no_base, cpu, f32, like=serving)
+    full = load_version(folders["v2"], 2, _no_base, cpu, f32)
+    assert copied.tokenizer is serving.tokenizer  # the shortcut was taken: nothing was built from files
+    assert full.tokenizer is not serving.tokenizer
+    reference = _reference_model(folders["v2"]).state_dict()
+    assert all(torch.equal(tensor, reference[name]) for name, tensor in copied.model.state_dict().items())
+    # The serving version is untouched: the copy shares none of its tensors.
+    assert all(torch.equal(tensor, v1_weights[name]) for name, tensor in serving.model.state_dict().items())
+    run = [(copied, [copied.encode(p) for p in PROMPTS]), (full, [full.encode(p) for p in PROMPTS])]
+    tokens = [decode_batch(v.model, v.tokenizer, ids, [GREEDY] * len(ids), cpu, v.eos_ids) for v, ids in run]
+    assert [g.token_ids for g in tokens[0]] == [g.token_ids for g in tokens[1]]
+    # Another architecture (or any other file differing) takes the full load.
+    wider = save_tiny_model(tmp_path / "wider", TinyModelSpec(seed=1, intermediate_size=256))
+    other = load_version(wider, 3, _no_base, cpu, f32, like=serving)
+    assert other.tokenizer is not serving.tokenizer
+    assert other.model.config.intermediate_size == 256
+
+
+def _no_base() -> Path:
+    raise AssertionError("no adapter is loaded here")
 
 
 def test_a_lora_adapter_loads_on_top_of_the_base(engine: TorchEngine, folders: dict[str, Path], tmp_path: Path) -> None:
