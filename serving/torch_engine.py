@@ -14,7 +14,8 @@ version join the running batch between two steps (continuous batching), so the e
 while clients' next requests are on their way: together once they would fill the batch, or once the
 oldest has waited ``batch_wait_ms`` (each join costs a prefill pass). Rows leave as soon as they finish. Requests
 for another version wait for a batch of their own. A request may thus share a batch with other
-callers' requests and other sampling parameters. Loading lives in :mod:`serving.torch_load`.
+callers' requests and other sampling parameters; a batch whose decoding fails decodes its rows again one
+at a time, so only the row at fault fails its caller. Loading lives in :mod:`serving.torch_load`.
 
 Prompts are encoded with the tokenizer's special tokens (a BOS where the tokenizer adds one) minus a
 trailing eos, which tokenizers such as ByT5 append and which would tell the model the text is over.
@@ -277,17 +278,40 @@ class TorchEngine(QueuingEngine):
                 self.largest_batch = max(self.largest_batch, run.size + len(finished))
             else:
                 finished = run.step()
-        except Exception as exc:  # answer every caller in the batch; the batcher itself must live on
-            log.exception("decoding a batch of %d failed", run.size + len(joining))
+        except Exception as exc:  # the batcher itself must live on, and answer every caller in the batch
             failed = list(run.keys) + joining
             run.keys, run.rows, run.next_tokens, run.cache = [], [], [], None
-            self._answered(len(failed))
+            if len(failed) == 1:
+                log.exception("decoding a request failed")
+                self._answered(1)
+                failed[0].future.set_exception(exc)
+                return
+            # One row (a sampling parameter torch refuses, say) must not fail the other callers that
+            # happened to share its batch: each row decodes again on its own, and only a row that fails
+            # alone fails its caller. Rows decoding already start over (a seeded row samples the same tokens).
+            log.warning("decoding a batch of %d failed (%r); decoding its rows one at a time", len(failed), exc)
             for request in failed:
-                request.future.set_exception(exc)
+                self._decode_alone(request)
             return
         self._answered(len(finished))
         for request, result in finished:
             request.future.set_result(result)
+
+    def _decode_alone(self, request: _Request) -> None:
+        """Decode ``request`` in a batch of its own, to the end, and answer it."""
+        loaded = request.loaded
+        run = BatchRun(loaded.model, loaded.tokenizer, self.device, loaded.eos_ids)
+        try:
+            finished = run.add([request], [request.prompt_ids], [request.params])
+            while not finished:
+                finished = run.step()
+        except Exception as exc:
+            log.exception("decoding a request failed")
+            self._answered(1)
+            request.future.set_exception(exc)
+            return
+        self._answered(1)
+        request.future.set_result(finished[0][1])
 
     def _collect(self, first: _Request) -> tuple[list[_Request], bool]:
         """The first request plus those that follow it closely, up to max_batch.

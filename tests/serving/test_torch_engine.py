@@ -196,6 +196,24 @@ def test_a_prompt_too_long_for_the_context_is_refused(engine: TorchEngine) -> No
         engine.generate([""], GREEDY)
 
 
+def test_a_row_that_fails_to_decode_fails_only_its_own_caller(engine: TorchEngine) -> None:
+    """A row torch refuses inside the batch (a seed past 64 bits, built around the validation the gateway
+    does) shares a batch with other callers' rows; they are answered as if decoded alone."""
+    alone = {prompt: engine.generate([prompt], GREEDY)[0].token_ids for prompt in PROMPTS}
+    broken = SamplingParams.model_construct(**{**GREEDY.model_dump(), "seed": 10**30})
+    batches = engine.batches_run
+    good = [engine.submit([prompt], GREEDY) for prompt in PROMPTS[:2]]
+    bad = engine.submit(["x"], broken)
+    good += [engine.submit([prompt], GREEDY) for prompt in PROMPTS[2:]]
+    with pytest.raises(ValueError, match="Overflow"):
+        bad.result(timeout=60)
+    for prompt, future in zip(PROMPTS, good, strict=True):
+        assert future.result(timeout=60)[0].token_ids == alone[prompt]
+    assert engine.batches_run == batches + 1  # the five requests really shared one batch
+    assert engine.pending == 0
+    assert engine.generate(["x"], GREEDY)[0].token_ids == alone["x"]  # the batcher serves on
+
+
 def test_a_request_finishes_on_its_version_when_the_default_switches(
     engine: TorchEngine, folders: dict[str, Path]
 ) -> None:
