@@ -8,14 +8,17 @@ request that started on a version finishes on it, even when the default moves du
 
 from __future__ import annotations
 
+import threading
 from abc import ABC, abstractmethod
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Literal
+from typing import Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from serving.errors import ServingError
+from serving.errors import NotReady, ServingError
+
+V = TypeVar("V")
 
 
 class EngineError(ServingError):
@@ -89,6 +92,31 @@ class Engine(ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook, a no-op for engines that hold nothing to release
         """Stop background threads and free every loaded version; the engine is unusable afterwards."""
+
+
+class VersionedEngine(Engine, Generic[V]):
+    """An engine that keeps its loaded versions (each a ``V``) and its default in a table under one lock."""
+
+    def __init__(self) -> None:
+        self._versions: dict[int, V] = {}
+        self._default: int | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def default_version(self) -> int:
+        with self._lock:
+            if self._default is None:
+                raise NotReady("no policy version is loaded yet; load a checkpoint first")
+            return self._default
+
+    @property
+    def loaded_versions(self) -> list[int]:
+        with self._lock:
+            return sorted(self._versions)
+
+    def _unknown(self, version: int) -> str:
+        """What to say of a version that is not loaded (call it under the lock)."""
+        return f"policy version {version} is not loaded (loaded: {sorted(self._versions)}); load it first"
 
 
 class QueuingEngine(Engine):

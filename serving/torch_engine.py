@@ -32,7 +32,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from serving.engine import Generation, LoadFailed, QueuingEngine, SamplingParams, UnknownVersion
+from serving.engine import Generation, LoadFailed, QueuingEngine, SamplingParams, UnknownVersion, VersionedEngine
 from serving.errors import InvalidRequest, NotReady
 from serving.torch_decode import BatchRun, Decoded
 from serving.torch_load import Loaded, load_version, pick_device, pick_dtype
@@ -49,7 +49,7 @@ class _Request:
     submitted: float = field(default_factory=time.monotonic)
 
 
-class TorchEngine(QueuingEngine):
+class TorchEngine(QueuingEngine, VersionedEngine[Loaded]):
     """The default engine (see the module docstring). Call :meth:`close` to stop its batcher thread."""
 
     def __init__(
@@ -59,9 +59,7 @@ class TorchEngine(QueuingEngine):
         self.dtype = pick_dtype(dtype, self.device)
         self.max_batch = max_batch
         self.batch_wait_s = batch_wait_ms / 1000.0
-        self._versions: dict[int, Loaded] = {}
-        self._default: int | None = None
-        self._lock = threading.Lock()
+        super().__init__()
         self._load_lock = threading.Lock()  # one load at a time: loading takes memory and both CPU cores
         self._queue: queue.SimpleQueue[_Request | None] = queue.SimpleQueue()
         self._closed = False
@@ -106,25 +104,10 @@ class TorchEngine(QueuingEngine):
             del self._versions[policy_version]
 
     @property
-    def default_version(self) -> int:
-        with self._lock:
-            if self._default is None:
-                raise NotReady("no policy version is loaded yet; load a checkpoint first")
-            return self._default
-
-    @property
-    def loaded_versions(self) -> list[int]:
-        with self._lock:
-            return sorted(self._versions)
-
-    @property
     def pending(self) -> int:
         """Rows (one per prompt) submitted and not answered yet."""
         with self._lock:
             return self._pending
-
-    def _unknown(self, version: int) -> str:
-        return f"policy version {version} is not loaded (loaded: {sorted(self._versions)}); load it first"
 
     # -- generation -------------------------------------------------------------------------------
 

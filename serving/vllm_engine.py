@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from serving.engine import Engine, Generation, LoadFailed, SamplingParams, UnknownVersion
+from serving.engine import Generation, LoadFailed, SamplingParams, UnknownVersion, VersionedEngine
 from serving.errors import InvalidRequest, NotReady
 from serving.settings import ServingSettings
 
@@ -94,19 +94,17 @@ def check_weights(folder: Path) -> None:
                 raise LoadFailed(f"{folder}: parameter {name} holds NaN or Inf values; the checkpoint is corrupt")
 
 
-class VllmEngine(Engine):
+class VllmEngine(VersionedEngine[_Version]):
     """Serves policy versions with vLLM (see the module docstring)."""
 
     def __init__(self, **llm_options: Any) -> None:
         self._options = {"enable_lora": True, "logprobs_mode": "processed_logprobs", **llm_options}
         self._llm: Any = None
         self._tokenizer: Any = None
-        self._versions: dict[int, _Version] = {}
+        super().__init__()
         self._staged: dict[int, Path] = {}
-        self._default: int | None = None
         self._epoch = 0
         self._next_lora_id = 1
-        self._lock = threading.Lock()
         self._queue: queue.SimpleQueue[_Request | _Call | None] = queue.SimpleQueue()
         self._batcher = threading.Thread(target=self._run, name="liveloop-vllm-batcher", daemon=True)
         self._batcher.start()
@@ -169,21 +167,6 @@ class VllmEngine(Engine):
         remove = getattr(self._llm.llm_engine, "remove_lora", None)
         if remove is not None:
             self._call_later(lambda: remove(found.lora.lora_int_id)).result()
-
-    @property
-    def default_version(self) -> int:
-        with self._lock:
-            if self._default is None:
-                raise NotReady("no policy version is loaded yet; load a checkpoint first")
-            return self._default
-
-    @property
-    def loaded_versions(self) -> list[int]:
-        with self._lock:
-            return sorted(self._versions)
-
-    def _unknown(self, version: int) -> str:
-        return f"policy version {version} is not loaded (loaded: {sorted(self._versions)}); load it first"
 
     def _start(self, folder: Path, version: int) -> None:
         try:
