@@ -24,8 +24,6 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -42,8 +40,8 @@ from infra.credentials import ensure_credentials
 from infra.stack import Endpoints
 from tests.bench.results import write_result
 from tests.conftest import free_port
+from tests.http_process import http_process
 
-ROOT = Path(__file__).resolve().parents[2]
 BATCH = 100
 BODIES = 200  # distinct pre-built batches, posted round-robin
 CLIENTS = 8  # concurrent connections
@@ -137,29 +135,8 @@ def server(endpoints: Endpoints, make_topic: Callable[..., str], tmp_path: Path)
         "LIVELOOP_INGEST_COMPRESSION": COMPRESSION,
     }
     url = f"http://127.0.0.1:{port}"
-    with (tmp_path / "ingest-api.log").open("wb") as log:
-        process = subprocess.Popen([sys.executable, "-m", "ingest.api"], cwd=ROOT, env=env, stdout=log, stderr=log)
-    try:
-        deadline = time.monotonic() + 60
-        while not _ready(url):
-            assert process.poll() is None, (tmp_path / "ingest-api.log").read_text()
-            assert time.monotonic() < deadline, "the ingest API did not become ready"
-            time.sleep(0.2)
+    with http_process("ingest.api", env, url, tmp_path / "ingest-api.log") as process:
         yield {"url": url, "key": key, "pid": process.pid, "events_topic": events_topic}
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
-def _ready(url: str) -> bool:
-    try:
-        return httpx.get(f"{url}/readyz", timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 def _cpu_s(process: psutil.Process) -> float:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -15,7 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import uvicorn
 from fastapi import FastAPI
 from kafka import KafkaConsumer, TopicPartition
@@ -23,8 +21,7 @@ from kafka import KafkaConsumer, TopicPartition
 from infra.credentials import ensure_credentials
 from infra.stack import Endpoints
 from tests.conftest import free_port
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.http_process import http_process
 
 
 @dataclass(frozen=True)
@@ -67,29 +64,8 @@ def gateway_process(
     env = os.environ | {f"LIVELOOP_SERVING_{name}": value for name, value in values.items()}
     url = f"http://127.0.0.1:{port}"
     log_path = workdir / "gateway.log"
-    with log_path.open("wb") as log:
-        process = subprocess.Popen([sys.executable, "-m", "serving.gateway"], cwd=ROOT, env=env, stdout=log, stderr=log)
-    try:
-        deadline = time.monotonic() + 120
-        while not _ready(url):
-            assert process.poll() is None, log_path.read_text()
-            assert time.monotonic() < deadline, "the gateway did not become ready within 120 s"
-            time.sleep(0.2)
+    with http_process("serving.gateway", env, url, log_path, ready_within_s=120) as process:
         yield GatewayProcess(process, url, key, model, log_path)
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
-def _ready(url: str) -> bool:
-    try:
-        return httpx.get(f"{url}/readyz", timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 @contextmanager
