@@ -30,6 +30,7 @@ from infra.stack import Endpoints
 from ingest.api import IngestSettings, create_app
 from ingest.dead_letters import DeadLetter
 from tests.conftest import free_port
+from tests.ingest.api_harness import event
 from tests.reliability.fuzzing import (
     SchemaFuzz,
     Tally,
@@ -197,22 +198,9 @@ _NAMES = st.sampled_from(["tiny", "acme-vscode", "pytest", "ünïcode ✓"])
 
 
 def valid_event(kind: str = "rating") -> dict[str, Any]:
-    """A valid event of ``kind`` (rating or generation) with a fresh event_id."""
-    payloads = {
-        "rating": {"generation_id": str(uuid.uuid4()), "thumbs": "up"},
-        "generation": {
-            "generation_id": str(uuid.uuid4()),
-            "model": "tiny",
-            "policy_version": 3,
-            "prompt": "def add(a, b):\n",
-            "completion": "    return a + b\n",
-            "completion_token_ids": [4, 5],
-            "completion_logprobs": [-0.25, -1.5],
-            "surface": "ide.tab",
-        },
-    }
-    envelope = {"event_id": str(uuid.uuid4()), "type": kind, "ts": "2025-01-31T12:00:00Z"}
-    return envelope | {"session_id": "sess-1", "user_id": "user-1", "payload": payloads[kind]}
+    """A valid event of ``kind`` (rating or generation) with a fresh event_id and generation_id."""
+    data = event(kind)
+    return data | {"payload": data["payload"] | {"generation_id": str(uuid.uuid4())}}
 
 
 @st.composite
