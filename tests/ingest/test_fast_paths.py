@@ -25,7 +25,7 @@ from ingest.events import EVENT_TYPES, event_to_json, parse_event
 from ingest.redaction import redact_text, redact_unscreened
 from ingest.secret_rules import KEY_WORDS, SHAPE_RULES
 from ingest.secret_screen import may_hold_secret
-from tests.ingest.test_events import sample_event
+from tests.ingest.event_samples import sample_event
 from tests.ingest.test_redaction import ORDINARY_CODE, SECRETS
 
 PROPERTIES = settings(max_examples=200, deadline=None, database=None)

@@ -20,7 +20,7 @@ from ingest import GenerationEvent, parse_event
 from ingest.events import event_to_json
 from ingest.payloads import MAX_TEXT_CHARS
 from ingest.redaction import placeholder, redact_event, redact_text
-from tests.ingest.test_events import sample_event
+from tests.ingest.event_samples import sample_event
 
 _RNG = random.Random(20250131)
 ALNUM = string.ascii_letters + string.digits

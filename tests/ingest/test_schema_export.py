@@ -19,7 +19,7 @@ from ingest.schema_export import (
     export_schemas,
     schema_id,
 )
-from tests.ingest.test_events import sample_event
+from tests.ingest.event_samples import sample_event
 
 ADDED_KEYS = {"$schema", "$id", SCHEMA_VERSION_KEY}
 HAVE_JSONSCHEMA = importlib.util.find_spec("jsonschema") is not None
