@@ -33,8 +33,8 @@ class LearnerSettings(LiveloopSettings):
     consumer_group: str = Field(
         default="liveloop-learner",
         min_length=1,
-        description="Group the learner commits its positions under after each checkpoint, for lag reporting only; "
-        "positions always come from the last checkpoint manifest.",
+        description="Group the learner commits its positions under after each round, for lag reporting only; "
+        "positions always come from the last checkpoint manifest and the journal.",
     )
     dsn: SecretStr | None = Field(
         default=None, description="PostgreSQL DSN of the audit store; unset = checkpoints are written, not published."

@@ -8,6 +8,7 @@ group lag see something sensible.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -20,6 +21,10 @@ from distill.errors import InvalidSample
 from distill.samples import Sample, parse_sample
 from learner.errors import LearnerError
 from learner.manifest import OffsetRange
+
+log = logging.getLogger(__name__)
+
+COMMIT_TIMEOUT_MS = 5000  # a commit is for lag reporting: it must not hold the training up while Kafka is away
 
 
 class SourceError(LearnerError):
@@ -95,9 +100,13 @@ class SampleSource:
         return {tp.partition: max(0, ends[tp] - positions.get(tp.partition, 0)) for tp in self.partitions}
 
     def commit(self, positions: Mapping[int, int]) -> None:
-        """Commit ``positions`` for the group (lag reporting only; never read back)."""
+        """Commit ``positions`` for the group (lag reporting only; never read back). A failure is logged, not
+        raised: the next commit covers it, and reporting must not stop the training."""
         offsets = {tp: OffsetAndMetadata(positions[tp.partition], "", -1) for tp in self.partitions}
-        self.consumer.commit(offsets)
+        try:
+            self.consumer.commit(offsets, timeout_ms=COMMIT_TIMEOUT_MS)
+        except KafkaError as exc:
+            log.warning("could not commit the learner's positions for lag reporting: %s", exc)
 
     def close(self) -> None:
         """Close the consumer."""
