@@ -2,8 +2,8 @@
 
 Positions never come from committed group offsets: the learner assigns every partition itself and seeks
 to the positions of its last checkpoint (plus the rounds journaled since), because a committed offset may
-run ahead of what a checkpoint holds. Commits happen after a checkpoint only, so that tools that read
-group lag see something sensible.
+run ahead of what a checkpoint holds. The learner commits its positions after every journaled round, for
+tools that read group lag (``liveloop status``) alone.
 """
 
 from __future__ import annotations
