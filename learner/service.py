@@ -272,12 +272,11 @@ class Learner:
         records = sorted(self.buffer, key=lambda r: (r.partition, r.offset))
         self.buffer, self.buffer_ids, self.buffer_estimate, self.buffer_last = [], set(), 0, {}
         self._round(records, ranges, replay=None)
-        if self.source is not None:
-            # For lag reporting only (positions are never read back from the group): the round is journaled,
-            # so its records are processed, whether intake kept any of them or not. Committed only at
-            # checkpoints, a stream of samples intake drops (stale ones, say) never reached a checkpoint,
-            # and the group's lag grew without end while the learner was caught up.
-            self.source.commit(self.positions)
+        # For lag reporting only (positions are never read back from the group): the round is journaled,
+        # so its records are processed, whether intake kept any of them or not. Committed only at
+        # checkpoints, a stream of samples intake drops (stale ones, say) never reached a checkpoint,
+        # and the group's lag grew without end while the learner was caught up.
+        self.source_.commit(self.positions)
 
     def _round(self, records: list[Polled], ranges: list[OffsetRange], replay: RoundEntry | None) -> None:
         """Journal (unless replaying) and train one round on ``records`` (sorted by partition, offset)."""

@@ -34,7 +34,7 @@ from pathlib import Path
 
 from serving.engine import Generation, LoadFailed, QueuingEngine, SamplingParams, UnknownVersion, VersionedEngine
 from serving.errors import InvalidRequest, NotReady
-from serving.torch_decode import BatchRun, Decoded
+from serving.torch_decode import BatchRun, Decoded, decode_batch
 from serving.torch_load import Loaded, load_version, pick_device, pick_dtype
 
 log = logging.getLogger(__name__)
@@ -283,18 +283,17 @@ class TorchEngine(QueuingEngine, VersionedEngine[Loaded]):
     def _decode_alone(self, request: _Request) -> None:
         """Decode ``request`` in a batch of its own, to the end, and answer it."""
         loaded = request.loaded
-        run = BatchRun(loaded.model, loaded.tokenizer, self.device, loaded.eos_ids)
         try:
-            finished = run.add([request], [request.prompt_ids], [request.params])
-            while not finished:
-                finished = run.step()
+            (decoded,) = decode_batch(
+                loaded.model, loaded.tokenizer, [request.prompt_ids], [request.params], self.device, loaded.eos_ids
+            )
         except Exception as exc:
             log.exception("decoding a request failed")
             self._answered(1)
             request.future.set_exception(exc)
             return
         self._answered(1)
-        request.future.set_result(finished[0][1])
+        request.future.set_result(decoded)
 
     def _collect(self, first: _Request) -> tuple[list[_Request], bool]:
         """The first request plus those that follow it closely, up to max_batch.
