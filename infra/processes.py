@@ -43,8 +43,11 @@ class ManagedProcess:
     def log_path(self) -> Path:
         return self.log_dir / f"{self.name}.log"
 
-    def start(self, argv: Sequence[str], env: Mapping[str, str] | None = None, cwd: Path | None = None) -> int:
-        """Start the process unless it already runs; return its pid."""
+    def start(
+        self, argv: Sequence[str], env: Mapping[str, str] | None = None, cwd: Path | None = None, nice: int = 0
+    ) -> int:
+        """Start the process unless it already runs; return its pid. ``nice`` > 0 lowers its CPU priority
+        (see :func:`lower_priority`)."""
         running = self.pid()
         if running is not None:
             return running
@@ -64,6 +67,8 @@ class ManagedProcess:
             except OSError as exc:
                 raise ServiceStartError(f"cannot start {self.name} ({argv[0]}): {exc}") from exc
         _CHILDREN[proc.pid] = proc
+        if nice > 0:
+            lower_priority(proc.pid, nice)
         record = {"pid": proc.pid, "create_time": psutil.Process(proc.pid).create_time(), "argv": list(argv)}
         tmp = self.pid_path.with_suffix(".tmp")
         tmp.write_text(json.dumps(record), encoding="utf-8")
@@ -108,6 +113,22 @@ class ManagedProcess:
             _signal_all(members, signal.SIGKILL)
             psutil.wait_procs(members, timeout=5)
             _reap(pid)
+
+
+def lower_priority(pid: int, nice: int) -> None:
+    """Give the session that ``pid`` leads a lower CPU priority (``nice``, 1-19), on Linux and elsewhere.
+
+    Linux with autogroups (the default on desktop and many server kernels) shares the CPU fairly
+    between sessions before it looks at a process's own nice value, so a service in a session of its
+    own is reniced through ``/proc/<pid>/autogroup``, which covers every process of the session,
+    including workers it forks later. The process's own nice value is lowered as well, for kernels
+    without autogroups (workers forked after this call inherit it). Lowering a priority needs no
+    privilege; a failure leaves the process at its normal priority, which is only slower for others.
+    """
+    with contextlib.suppress(OSError):
+        Path(f"/proc/{pid}/autogroup").write_text(str(nice), encoding="ascii")
+    with contextlib.suppress(OSError):
+        os.setpriority(os.PRIO_PROCESS, pid, nice)
 
 
 def _reap(pid: int) -> None:
