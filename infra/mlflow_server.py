@@ -48,7 +48,12 @@ class MlflowServer:
         env["MLFLOW_BACKEND_STORE_URI"] = self.backend_uri
         # The job runner starts extra worker processes we do not use; without it the server starts in seconds.
         env["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] = "false"
-        self.process.start(argv, env=env, nice=SERVER_NICE)
+        self.process.start(argv, env=env)
+
+    def yield_cpu(self) -> None:
+        """Put the running server at :data:`SERVER_NICE`: once it answers, not while it starts (it imports
+        for seconds, while the Kafka broker boots beside it, and the stack waits for both)."""
+        self.process.lower_priority(SERVER_NICE)
 
     def stop(self) -> bool:
         return self.process.stop(timeout_s=20)

@@ -43,11 +43,8 @@ class ManagedProcess:
     def log_path(self) -> Path:
         return self.log_dir / f"{self.name}.log"
 
-    def start(
-        self, argv: Sequence[str], env: Mapping[str, str] | None = None, cwd: Path | None = None, nice: int = 0
-    ) -> int:
-        """Start the process unless it already runs; return its pid. ``nice`` > 0 lowers its CPU priority
-        (see :func:`lower_priority`)."""
+    def start(self, argv: Sequence[str], env: Mapping[str, str] | None = None, cwd: Path | None = None) -> int:
+        """Start the process unless it already runs; return its pid."""
         running = self.pid()
         if running is not None:
             return running
@@ -67,8 +64,6 @@ class ManagedProcess:
             except OSError as exc:
                 raise ServiceStartError(f"cannot start {self.name} ({argv[0]}): {exc}") from exc
         _CHILDREN[proc.pid] = proc
-        if nice > 0:
-            lower_priority(proc.pid, nice)
         record = {"pid": proc.pid, "create_time": psutil.Process(proc.pid).create_time(), "argv": list(argv)}
         tmp = self.pid_path.with_suffix(".tmp")
         tmp.write_text(json.dumps(record), encoding="utf-8")
@@ -105,6 +100,27 @@ class ManagedProcess:
         _reap(pid)
         return True
 
+    def lower_priority(self, nice: int) -> bool:
+        """Lower the CPU priority of the process and everything in its session to ``nice`` (1-19); False if
+        it does not run.
+
+        Linux with autogroups (the default on desktop and many server kernels) shares the CPU fairly
+        between sessions before it looks at a process's own nice value, so the session's autogroup is
+        reniced (``/proc/<pid>/autogroup``: every process of the session, workers forked later included),
+        and so is each process of the session, for kernels without autogroups (later forks inherit it).
+        Lowering a priority needs no privilege; where it fails the process keeps its priority, which only
+        makes it slower for others.
+        """
+        pid = self.pid()
+        if pid is None:
+            return False
+        with contextlib.suppress(OSError):
+            Path(f"/proc/{pid}/autogroup").write_text(str(nice), encoding="ascii")
+        for member in _session_members(pid):
+            with contextlib.suppress(psutil.Error):
+                member.nice(nice)
+        return True
+
     def kill(self) -> None:
         """SIGKILL the process and its session at once, as a crash would (for fault-injection tests)."""
         pid = self.pid()
@@ -113,22 +129,6 @@ class ManagedProcess:
             _signal_all(members, signal.SIGKILL)
             psutil.wait_procs(members, timeout=5)
             _reap(pid)
-
-
-def lower_priority(pid: int, nice: int) -> None:
-    """Give the session that ``pid`` leads a lower CPU priority (``nice``, 1-19), on Linux and elsewhere.
-
-    Linux with autogroups (the default on desktop and many server kernels) shares the CPU fairly
-    between sessions before it looks at a process's own nice value, so a service in a session of its
-    own is reniced through ``/proc/<pid>/autogroup``, which covers every process of the session,
-    including workers it forks later. The process's own nice value is lowered as well, for kernels
-    without autogroups (workers forked after this call inherit it). Lowering a priority needs no
-    privilege; a failure leaves the process at its normal priority, which is only slower for others.
-    """
-    with contextlib.suppress(OSError):
-        Path(f"/proc/{pid}/autogroup").write_text(str(nice), encoding="ascii")
-    with contextlib.suppress(OSError):
-        os.setpriority(os.PRIO_PROCESS, pid, nice)
 
 
 def _reap(pid: int) -> None:

@@ -116,6 +116,8 @@ class Stack:
             kafka_ok.result()
             ensure_topics(self.endpoints.kafka_bootstrap, self.topics.all())
             mlflow_ok.result()
+        if s.mlflow_url is None:
+            self.mlflow.yield_cpu()
         for spec in components:
             argv = list(spec.argv)
             if spec.restart:

@@ -1,4 +1,4 @@
-"""Background processes of the local stack: a service started at a lower CPU priority keeps it, forks included."""
+"""Background processes of the local stack: a service put at a lower CPU priority stays there, forks included."""
 
 from __future__ import annotations
 
@@ -12,14 +12,17 @@ import pytest
 from infra.processes import ManagedProcess, wait_until
 from infra.stack import Stack
 
-# A parent that forks a worker after it started, as the MLflow server forks its uvicorn worker.
-FORKS_LATER = """
+# Forks a worker at once, and another once the file named by argv[1] exists (as a server replaces a worker).
+FORKS = """
 import os, sys, time
-time.sleep(0.5)
-if os.fork() == 0:
-    time.sleep(60)
-    os._exit(0)
-sys.stdout.write("forked\\n"); sys.stdout.flush()
+def worker():
+    if os.fork() == 0:
+        time.sleep(60)
+        os._exit(0)
+worker()
+while not os.path.exists(sys.argv[1]):
+    time.sleep(0.05)
+worker()
 time.sleep(60)
 """
 
@@ -32,30 +35,25 @@ def _autogroup_nice(pid: int) -> int | None:
         return None
 
 
-def test_a_process_started_nice_runs_at_that_priority_and_so_do_its_later_workers(tmp_path: Path) -> None:
+def test_a_lowered_process_runs_at_that_priority_with_its_workers_then_and_later(tmp_path: Path) -> None:
     ours = os.getpriority(os.PRIO_PROCESS, 0)
+    go = tmp_path / "go"
     process = ManagedProcess("forker", tmp_path / "run", tmp_path / "logs")
-    pid = process.start([sys.executable, "-c", FORKS_LATER], nice=10)
+    pid = process.start([sys.executable, "-c", FORKS, str(go)])
     try:
-        assert wait_until(lambda: "forked" in process.log_path.read_text(encoding="utf-8"), timeout_s=30)
-        (worker,) = psutil.Process(pid).children()
-        for member in (pid, worker.pid):
+        assert wait_until(lambda: len(psutil.Process(pid).children()) == 1, timeout_s=30)
+        assert os.getpriority(os.PRIO_PROCESS, pid) == ours  # started at the normal priority
+        assert _autogroup_nice(pid) in (None, 0)  # a new session's group starts at the normal priority
+        assert process.lower_priority(10)
+        go.touch()
+        assert wait_until(lambda: len(psutil.Process(pid).children()) == 2, timeout_s=30)
+        for member in (pid, *(child.pid for child in psutil.Process(pid).children())):
             assert os.getpriority(os.PRIO_PROCESS, member) == 10
             assert _autogroup_nice(member) in (None, 10)  # the session's group, where the kernel has them
-        # Ours is untouched: only the started session yields.
-        assert os.getpriority(os.PRIO_PROCESS, 0) == ours
+        assert os.getpriority(os.PRIO_PROCESS, 0) == ours  # only the process's session yields
     finally:
         process.stop(timeout_s=5)
-
-
-def test_a_process_started_without_nice_keeps_the_normal_priority(tmp_path: Path) -> None:
-    process = ManagedProcess("plain", tmp_path / "run", tmp_path / "logs")
-    pid = process.start([sys.executable, "-c", "import time; time.sleep(60)"])
-    try:
-        assert os.getpriority(os.PRIO_PROCESS, pid) == os.getpriority(os.PRIO_PROCESS, 0)  # inherited, as ever
-        assert _autogroup_nice(pid) in (None, 0)  # a new session's group starts at the normal priority
-    finally:
-        process.stop(timeout_s=5)
+    assert not process.lower_priority(10)  # nothing runs: nothing to renice
 
 
 def test_the_stacks_mlflow_server_yields_the_cpu_to_serving(stack: Stack) -> None:
