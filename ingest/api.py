@@ -19,7 +19,9 @@ a batch (a JSON array of events) and answers, once Kafka acknowledged every writ
 - 503 (with ``Retry-After``): Kafka is unavailable; nothing is reported accepted, retry the request.
 
 Every rejected event and every rejected body is also written to the DLQ topic as a
-:class:`~ingest.dead_letters.DeadLetter` with the same reason. Privacy-mode events are acknowledged
+:class:`~ingest.dead_letters.DeadLetter` with the same reason. A dead letter has no id for a retry to
+reuse (events do), so a request retried after a 503 or a lost answer may leave a rejected item's dead
+letter twice: nothing rejected is lost, some may be listed twice. Privacy-mode events are acknowledged
 (``"stored": false``) and only counted. ``GET /healthz``, ``GET /readyz`` and ``GET /metrics`` serve
 probes and Prometheus.
 """

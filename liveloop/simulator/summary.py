@@ -64,7 +64,9 @@ class SimulationSummary(BaseModel):
     privacy_dropped: int = Field(description="Events the SDK dropped unsent because their session is private.")
     malformed_sent: int
     malformed_dead_lettered: int = Field(description="Malformed events the ingest API answered as rejected.")
-    malformed_skipped: int = Field(description="Malformed events not sent (no ingest API configured).")
+    malformed_skipped: int = Field(
+        description="Malformed events not sent (no ingest API configured) or whose post failed without an answer."
+    )
     planted_secrets: list[PlantedSecret]
     versions: list[VersionStats]
     timeline: list[TimelinePoint]

@@ -139,6 +139,7 @@ def test_sustained_ingest_keeps_memory_and_lag_bounded(tmp_path: Path, reliabili
         "drain_s": round(drain_s, 1),
         "dead_letters": dead_letters,
         "planted_dead_letters": pump.planted,
+        "planted_unanswered_posts": pump.planted_unanswered,
         "posts_given_up": pump.failed_posts,
     }
     markdown = (
@@ -154,7 +155,10 @@ def test_sustained_ingest_keeps_memory_and_lag_bounded(tmp_path: Path, reliabili
     assert pump.failed_posts == 0
     assert archived == len(pump.accepted), f"{len(pump.accepted) - archived} accepted events are not archived"
     assert drained, f"lag did not drain within 600 s of the end of the load; peaks {lag_peaks}"
-    assert dead_letters == pump.planted, f"{dead_letters} dead letters, {pump.planted} planted"
+    # A planted event whose post timed out under the load may have left a letter before its retry's.
+    assert pump.planted <= dead_letters <= pump.planted + pump.planted_unanswered, (
+        f"{dead_letters} dead letters, {pump.planted} planted, {pump.planted_unanswered} posts unanswered"
+    )
     for name, figures in memory.items():
         first, last = figures["first_third_peak_mb"], figures["last_third_peak_mb"]
         if name == "kafka":

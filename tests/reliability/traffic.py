@@ -87,6 +87,10 @@ class HttpSessions:
     accepted: set[str] = field(default_factory=set)
     planted: int = 0
     """Malformed events the API judged (each must be one dead letter)."""
+    planted_unanswered: int = 0
+    """Posts of a planted malformed event that got no judgement (a 503, a timeout, a dropped connection).
+    Each may still have left a dead letter: the API can write before it gives up waiting for Kafka's
+    acknowledgement, or die before it answers, and a dead letter has no id for a retry to reuse."""
     failed_posts: int = 0
     retried_posts: int = 0
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -112,15 +116,19 @@ class HttpSessions:
                 planted = batches % self.malformed_every == self.malformed_every - 1
                 if planted:
                     body.append({"type": "session.started", "session_id": "", "event_id": "not-a-uuid"})
-                taken = self._post(client, body)
+                taken, unanswered = self._post(client, body)
                 self.accepted.update(taken or ())
                 self.planted += planted and taken is not None
+                self.planted_unanswered += unanswered if planted else 0
                 batches += 1
                 next_at += len(events) / self.rate
                 self._stop.wait(max(0.0, next_at - time.monotonic()))
 
-    def _post(self, client: httpx.Client, body: list[Any]) -> set[str] | None:
-        """Post until the API judges the batch (it may be down a while: that is the test); the accepted ids."""
+    def _post(self, client: httpx.Client, body: list[Any]) -> tuple[set[str] | None, int]:
+        """Post until the API judges the batch (it may be down a while: that is the test).
+
+        Returns the accepted ids (``None`` if never judged) and how many posts went unanswered.
+        """
         for attempt in range(600):
             try:
                 response = client.post(self.ingest_url.rstrip("/") + "/v1/events", json=body)
@@ -128,12 +136,13 @@ class HttpSessions:
                 response = None
             if response is not None and response.status_code == 200:
                 results = response.json()["results"]
-                return {r["event_id"] for r in results if r["status"] == "accepted" and r.get("stored", True)}
+                accepted = {r["event_id"] for r in results if r["status"] == "accepted" and r.get("stored", True)}
+                return accepted, attempt
             self.retried_posts += attempt == 0
             if self._stop.wait(0.5):
                 break
         self.failed_posts += 1
-        return None
+        return None, attempt + 1
 
 
 def _sessions(count: int) -> list[Any]:
