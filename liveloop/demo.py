@@ -36,13 +36,18 @@ from liveloop.report import collect_report, write_report
 # The compressed cadence of the demo, from the learnability experiment (tests/liveloop/
 # learnability_experiment.py): at lr 5e-4 a round of 64 samples per step lifts acceptance by
 # 15 points within about 256 samples; one torch thread per process, because on 2 cores extra
-# threads only spin against the other processes.
+# threads only spin against the other processes. A fifth of the samples, not a tenth, is held out for
+# the gate: a checkpoint every minute or two leaves it a few dozen samples to judge on, and at a tenth
+# it rejected candidates that had learned, on the width of the confidence interval or on too small
+# an effective sample size. The learner and the gate must hold out the same share.
 DEMO_ENVIRONMENT = {
     "LIVELOOP_LEARNER_LR": "5e-4",
     "LIVELOOP_LEARNER_ROUND_SAMPLES": "64",
     "LIVELOOP_LEARNER_TOKEN_BUDGET": "4096",
     "LIVELOOP_LEARNER_MIN_SAMPLES": "64",
     "LIVELOOP_LEARNER_CHECKPOINT_INTERVAL_S": "120",
+    "LIVELOOP_LEARNER_HELD_OUT_PERCENT": "20",
+    "LIVELOOP_GATE_HELD_OUT_PERCENT": "20",
     "LIVELOOP_LEARNER_THREADS": "1",
     "LIVELOOP_SERVING_TORCH_THREADS": "1",
     "LIVELOOP_SERVING_SWAP_RECONCILE_INTERVAL_S": "5",

@@ -3,8 +3,9 @@
 The cadence is compressed further than the default demo (a checkpoint every 50 s), so that a run of
 four minutes trains, evaluates and promotes at least one checkpoint. (Three minutes gave the gate three
 candidates judged on 20-70 held-out samples each; in two of three runs here it rejected all three on
-the width of the confidence interval, though they learned.) Everything listens on free
-ports and lives in a temporary state folder, purged at the end.
+the width of the confidence interval, though they learned; four minutes with a tenth held out once
+rejected all four, the later ones on their effective sample size, so the demo holds out a fifth.)
+Everything listens on free ports and lives in a temporary state folder, purged at the end.
 """
 
 from __future__ import annotations
