@@ -86,11 +86,10 @@ class HttpSessions:
     """Sessions shaped like real traffic (14 events, two generations with their feedback) instead of two events."""
     accepted: set[str] = field(default_factory=set)
     planted: int = 0
-    """Malformed events the API judged (each must be one dead letter)."""
+    """Malformed events the API judged (each left one dead letter)."""
     planted_unanswered: int = 0
-    """Posts of a planted malformed event that got no judgement (a 503, a timeout, a dropped connection).
-    Each may still have left a dead letter: the API can write before it gives up waiting for Kafka's
-    acknowledgement, or die before it answers, and a dead letter has no id for a retry to reuse."""
+    """Posts of a planted malformed event that got no judgement (a 503, a timeout, a dropped connection);
+    each may still have left a dead letter (see ``ingest.api``: dead letters have no id a retry reuses)."""
     failed_posts: int = 0
     retried_posts: int = 0
     _stop: threading.Event = field(default_factory=threading.Event)
