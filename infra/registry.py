@@ -68,6 +68,10 @@ class Registry:
         except MlflowException as exc:
             raise RegistryError(f"looking up {name}@{alias} failed: {exc}") from exc
 
+    def alias_version(self, name: str, alias: str) -> int:
+        """The version number the alias points at; AliasNotSet if there is none."""
+        return int(self.version_by_alias(name, alias).version)
+
     def download(self, name: str, version: int, destination: Path) -> Path:
         """Download the files of a model version into ``destination``; return the folder."""
         import mlflow.artifacts

@@ -7,6 +7,9 @@ manifest and that every weight is finite, ``engine.load`` it beside the current 
 warms it up), ``engine.switch`` (atomic). Requests already running finish on the version they
 started with, because the engine resolves a request's version once, when it starts.
 
+In the gateway the registry calls (the alias, the download) are made by a helper process
+(:mod:`serving.registry_worker`), so their CPU does not hold the GIL the HTTP event loop needs.
+
 A failure at any step keeps the current champion serving, emits a :class:`SwapFailedEvent` on the
 promotions topic and counts ``liveloop_serving_swap_failures_total``; a version refused by a check
 or by the engine is not tried again by this process (download failures are retried next time).
@@ -33,12 +36,12 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from infra.registry import CANDIDATE, CHAMPION, AliasNotSet, Registry, RegistryError
+from infra.registry import CANDIDATE, CHAMPION, AliasNotSet, RegistryError
 from serving.canary import CanaryRouter
 from serving.engine import Engine, EngineError
 from serving.errors import ServingError
@@ -49,11 +52,21 @@ from serving.promotions_contract import (
     message_to_json,
     parse_message,
 )
+from serving.registry_worker import RegistryWorker
 from serving.sanity import CheckpointRefused, check_checkpoint
 from serving.settings import ServingSettings
 
 log = logging.getLogger(__name__)
 Role = Literal["champion", "candidate"]
+
+
+class VersionSource(Protocol):
+    """What the controller reads from the registry: an :class:`infra.registry.Registry`, or in the gateway
+    a :class:`serving.registry_worker.RegistryWorker`, which makes the same calls from a helper process."""
+
+    def alias_version(self, name: str, alias: str) -> int: ...
+
+    def download(self, name: str, version: int, destination: Path) -> Path: ...
 
 
 @dataclass(frozen=True)
@@ -72,7 +85,7 @@ class SwapController:
         self,
         engine: Engine,
         *,
-        registry: Registry,
+        registry: VersionSource,
         model_name: str,
         bootstrap: str,
         promotions_topic: str,
@@ -125,7 +138,7 @@ class SwapController:
 
     def _alias(self, alias: str) -> int | None:
         try:
-            return int(self.registry.version_by_alias(self.model_name, alias).version)
+            return self.registry.alias_version(self.model_name, alias)
         except AliasNotSet:
             return None
 
@@ -273,13 +286,15 @@ class SwapController:
         self._thread.start()
 
     def stop(self) -> None:
-        """Stop following; what is loaded stays loaded."""
+        """Stop following, and the registry helper process if given one; what is loaded stays loaded."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=30)
         if self._producer is not None:
             with contextlib.suppress(Exception):
                 self._producer.close(timeout=5)
+        if isinstance(self.registry, RegistryWorker):
+            self.registry.close()
 
     def _consumer(self) -> Any:
         # No consumer group: every serving instance reads every decision, from the end (the alias
@@ -340,7 +355,7 @@ def controller_from_settings(
     """The swap controller of a gateway, configured by its :class:`ServingSettings` (call ``start()`` on it)."""
     return SwapController(
         engine,
-        registry=Registry(settings.mlflow_url),
+        registry=RegistryWorker(settings.mlflow_url),
         model_name=settings.model_name,
         bootstrap=settings.bootstrap,
         promotions_topic=settings.promotions_topic,

@@ -1,7 +1,8 @@
 """The hot-swap controller against the real broker, MLflow and PostgreSQL, with the torch engine.
 
 - Under load (threads calling the engine without pause), three promotions and one rollback: no
-  request fails, and every response names a policy version that was champion while it ran.
+  request fails, and every response names a policy version that was champion while it ran. The
+  controller reads the registry as the gateway's does, through a helper process (RegistryWorker).
 - A checkpoint whose manifest has a wrong sha256, and one with NaN weights, are refused: the champion
   keeps serving and a swap-failed event (typed) appears on the promotions topic.
 - Canary: the candidate alias is loaded and a sticky share of sessions is routed to it; a reject stops it.
@@ -26,7 +27,8 @@ from serving.canary import in_canary
 from serving.engine import SamplingParams
 from serving.promotion import Promoter
 from serving.promotions_contract import PromotionEvent, SwapFailedEvent, parse_message
-from serving.swap import SwapController
+from serving.registry_worker import RegistryWorker
+from serving.swap import SwapController, VersionSource
 from serving.torch_engine import TorchEngine
 from tests.serving.checkpoints import corrupt_manifest_hash, nan_model, register, write_checkpoint
 
@@ -63,10 +65,12 @@ def _setup(endpoints: Endpoints, dsn: str, topic: str, tmp: Path, engine: TorchE
     return Setup(name, topic, registry, promoter, engine, versions)
 
 
-def _controller(s: Setup, endpoints: Endpoints, tmp: Path, **options: float) -> SwapController:
+def _controller(
+    s: Setup, endpoints: Endpoints, tmp: Path, registry: VersionSource | None = None, **options: float
+) -> SwapController:
     return SwapController(
         s.engine,
-        registry=s.registry,
+        registry=registry or s.registry,
         model_name=s.name,
         bootstrap=endpoints.kafka_bootstrap,
         promotions_topic=s.topic,
@@ -103,7 +107,7 @@ def test_three_promotions_and_a_rollback_under_load_drop_nothing(
     endpoints: Endpoints, fresh_database: str, make_topic: Callable[..., str], tmp_path: Path, engine: TorchEngine
 ) -> None:
     s = _setup(endpoints, fresh_database, make_topic(), tmp_path, engine, count=4)
-    controller = _controller(s, endpoints, tmp_path)
+    controller = _controller(s, endpoints, tmp_path, registry=RegistryWorker(endpoints.mlflow_url))
     controller.start()
     try:
         assert engine.default_version == 0
