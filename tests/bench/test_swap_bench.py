@@ -1,8 +1,10 @@
 """Benchmark: hot-swapping the champion under load (tiny model, CPU torch engine, real stack).
 
 The engine runs as the gateway runs it: in a process of its own (``serving.engine_process``, the
-settings' torch threads), the swap controller beside the callers in this process. Promotions come
-from another process, as they come from the ops service or the CLI (``PROMOTER``).
+settings' torch threads), the swap controller beside the callers in this process, with its registry
+calls made by a helper process (``serving.registry_worker``). Promotions come from a process in a
+session of its own, as they come from the gate or the ops service that ``liveloop up`` starts
+(``PROMOTER``).
 
 Two clients call the engine without pause while the champion is promoted five times; between the
 promotions come equally long steady windows without any swap.
@@ -34,6 +36,7 @@ from infra.stack import Endpoints
 from serving.engine import SamplingParams
 from serving.engine_process import EngineProcess
 from serving.promotion import Promoter
+from serving.registry_worker import RegistryWorker
 from serving.settings import ServingSettings
 from serving.swap import SwapController
 from tests.bench.results import write_result
@@ -76,7 +79,11 @@ def test_swap_bench(endpoints: Endpoints, fresh_database: str, make_topic: Calla
     ).promote(1, actor="bench", reason="start")
     args = [endpoints.mlflow_url, fresh_database, endpoints.kafka_bootstrap, topic, name]
     promoter = subprocess.Popen(
-        [sys.executable, "-c", PROMOTER, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", PROMOTER, *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # as `liveloop up` starts each service (the kernel shares the CPU per session)
     )
     assert promoter.stdout is not None
     assert promoter.stdin is not None
@@ -84,7 +91,7 @@ def test_swap_bench(endpoints: Endpoints, fresh_database: str, make_topic: Calla
     engine = EngineProcess(device="cpu", max_batch=8, batch_wait_ms=1.0, torch_threads=ServingSettings().torch_threads)
     controller = SwapController(
         engine,
-        registry=registry,
+        registry=RegistryWorker(endpoints.mlflow_url),
         model_name=name,
         bootstrap=endpoints.kafka_bootstrap,
         promotions_topic=topic,
