@@ -103,7 +103,7 @@ def _helper_registry() -> Registry:
 
 
 def _alias_version(name: str, alias: str) -> int:
-    return int(_helper_registry().version_by_alias(name, alias).version)
+    return _helper_registry().alias_version(name, alias)
 
 
 def _download(name: str, version: int, destination: Path) -> Path:

@@ -16,7 +16,6 @@ from infra.stack import Endpoints
 from serving.engine import Generation, LoadFailed, SamplingParams, UnknownVersion
 from serving.engine_process import ChildExited, EngineProcess
 from serving.errors import InvalidRequest
-from serving.registry_worker import HELPER_NICE
 from serving.torch_engine import TorchEngine
 from tests.serving.gateway_server import gateway_process
 
@@ -126,9 +125,10 @@ def test_the_gateway_stops_when_its_engine_dies_so_its_keeper_can_restart_it(
         headers = {"Authorization": f"Bearer {gateway.key}"}
         answered = httpx.post(f"{gateway.url}/v1/completions", json=body, headers=headers)
         assert answered.status_code == 200, answered.text
-        spawned = [p for p in psutil.Process(gateway.process.pid).children() if "spawn_main" in " ".join(p.cmdline())]
+        process = psutil.Process(gateway.process.pid)
+        spawned = [p for p in process.children() if "spawn_main" in " ".join(p.cmdline())]
         # The other spawned child is the swap controller's registry helper, which lowers its own priority.
-        (child,) = [p for p in spawned if p.nice() != HELPER_NICE]
+        (child,) = [p for p in spawned if p.nice() == process.nice()]
         child.kill()
         assert gateway.process.wait(timeout=60) is not None  # it stopped by itself
         assert "the engine process exited" in gateway.log_path.read_text()

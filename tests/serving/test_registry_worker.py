@@ -2,7 +2,7 @@
 
 - It answers as the registry does: the alias's version, the same files byte for byte, and
   AliasNotSet (the controller's "nothing to serve yet") across the process boundary.
-- It runs at a lower CPU priority than the gateway.
+- It runs at a lower CPU priority than its owner (the gateway).
 - A helper that dies fails the call with a RegistryError (the controller keeps serving and retries)
   and the next call is answered by a fresh helper; a helper whose owner is SIGKILLed exits.
 """
@@ -56,8 +56,7 @@ def test_it_answers_as_the_registry_does(endpoints: Endpoints, worker: RegistryW
     folder = worker.download(name, 1, tmp_path / "by-helper")
     assert _digests(folder) == _digests(registry.download(name, 1, tmp_path / "in-process")) != {}
     (helper,) = worker.helper_pids()
-    assert psutil.Process(helper).nice() == HELPER_NICE
-    assert os.getpid() != helper
+    assert psutil.Process(helper).nice() == min(19, psutil.Process().nice() + HELPER_NICE)
 
 
 def test_a_dead_helper_fails_one_call_and_a_new_one_answers(
