@@ -266,12 +266,12 @@ class Promoter:
             self._publish(event)
         finally:
             for version, status, reason in statuses:
-                self._tag(version, status, event.actor, reason, event)
+                self._tag(version, status, reason, event)
 
-    def _tag(self, version: int, status: str, actor: str, reason: str, event: PromotionEvent) -> None:
+    def _tag(self, version: int, status: str, reason: str, event: PromotionEvent) -> None:
         tags = {
             TAG_STATUS: status,
-            TAG_DECIDED_BY: actor,
+            TAG_DECIDED_BY: event.actor,
             TAG_DECIDED_AT: event.at.isoformat(),
             TAG_REASON: reason[:5000],
             "liveloop.promotion_id": str(event.history_id),
