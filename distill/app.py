@@ -144,6 +144,8 @@ def build_app(settings: DistillSettings, spec: RewardSpec | None = None) -> faus
             METRICS.deferrals.labels(str(version)).inc(deferrals)
             METRICS.invalid_tool_calls.labels(str(version)).inc(invalid)
         METRICS.samples_scored.inc(sum(counts[0] for counts in by_version.values()))
+        METRICS.duplicates.inc(sum(outcome.duplicate for outcome, _ in outcomes))
+        METRICS.privacy_dropped.inc(sum(outcome.private for outcome, _ in outcomes))
         METRICS.session_capped.inc(capped)
         METRICS.late_feedback.inc(len(late))
         await send_scored(records)
@@ -151,7 +153,8 @@ def build_app(settings: DistillSettings, spec: RewardSpec | None = None) -> faus
 
     async def on_event(
         batch: TableBatch[SessionState], event: Any, outcomes: list[tuple[Outcome, SessionState]]
-    ) -> None:
+    ) -> bool:
+        """Apply one event to its session; False if it was not read (it went to the dead-letter topic)."""
         key: bytes | None = event.key
         try:
             # The fast reader takes what ingest let through; anything doubtful gets parse_event's verdict.
@@ -160,17 +163,15 @@ def build_app(settings: DistillSettings, spec: RewardSpec | None = None) -> faus
             letter = DeadLetter.of(event.value, exc.reason, "distill", field=exc.field)
             await (await dlq.send(key=key, value=letter.to_json()))
             METRICS.dead_letters.inc()
-            return
+            return False
         session = key or parsed.session_id.encode()
         state = batch.get(session, event)
         wall = time.time()
         outcome = apply_event(state, parsed, spec, wall)
         settle_outbox(state, wall, SETTLED_AFTER_S)
-        METRICS.events.inc()
-        METRICS.duplicates.inc(int(outcome.duplicate))
-        METRICS.privacy_dropped.inc(int(outcome.private))
         outcomes.append((outcome, state))
         deadlines.update(session, event.message.partition, state)
+        return True
 
     def on_tick(batch: TableBatch[SessionState], event: Any, outcomes: list[tuple[Outcome, SessionState]]) -> None:
         partition = event.message.partition
@@ -211,11 +212,13 @@ def build_app(settings: DistillSettings, spec: RewardSpec | None = None) -> faus
                 await recover()  # before this batch reads the table: it sees what was there at the start
             batch = TableBatch(sessions, SessionState.load, SessionState.dump)
             outcomes: list[tuple[Outcome, SessionState]] = []
+            read = 0  # counted once per batch, as publish counts: each inc of a counter takes a lock
             for event in events:
                 if event.message.topic == ticks_name:
                     on_tick(batch, event, outcomes)
                 else:
-                    await on_event(batch, event, outcomes)
+                    read += await on_event(batch, event, outcomes)
+            METRICS.events.inc(read)
             await publish(outcomes)
             # Samples first, then the state that says they were published: a crash in between re-reads
             # the batch (its offsets are not committed) and the outbox covers what a re-read cannot.

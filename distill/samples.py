@@ -66,7 +66,7 @@ def sample_id_for(generation_id: UUID | str, spec_hash: str) -> str:
     The generation id is written in its canonical form (lower-case, hyphenated), so ``"0B7E..."`` and
     ``UUID("0b7e...")`` give the same id.
     """
-    canonical = UUID(str(generation_id))
+    canonical = generation_id if isinstance(generation_id, UUID) else UUID(generation_id)
     return hashlib.sha256(f"{canonical}:{spec_hash}".encode()).hexdigest()[:32]
 
 

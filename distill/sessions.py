@@ -61,22 +61,32 @@ class PendingGeneration(BaseModel):
     def arrived(cls, event: GenerationEvent, spec: RewardSpec) -> PendingGeneration:
         """A generation that has just arrived (parsed), waiting for feedback until its longest window closes."""
         pending = cls(generation=event_to_json(event).decode(), final_at=final_at(event, spec))
-        pending._generation = event
+        pending._parsed()["_generation"] = event
         return pending
 
     def generation_event(self) -> GenerationEvent:
         """The generation event (parsed from ``generation`` on first use after a load)."""
-        if self._generation is None:
+        parsed = self._parsed()
+        if parsed["_generation"] is None:
             event = stored_event(self.generation)
             assert isinstance(event, GenerationEvent)
-            self._generation = event
-        return self._generation
+            parsed["_generation"] = event
+        return parsed["_generation"]  # type: ignore[no-any-return]
 
     def feedback_events(self) -> list[Event]:
         """The feedback events, in arrival order (parsed from ``feedback`` on first use after a load)."""
-        if self._feedback is None:
-            self._feedback = [stored_event(raw) for raw in self.feedback]
-        return self._feedback
+        parsed = self._parsed()
+        if parsed["_feedback"] is None:
+            parsed["_feedback"] = [stored_event(raw) for raw in self.feedback]
+        return parsed["_feedback"]  # type: ignore[no-any-return]
+
+    def _parsed(self) -> dict[str, Any]:
+        """The private attributes, as pydantic keeps them. Read and written here directly: pydantic's own
+        access to a private attribute raises and catches an AttributeError each time (several µs, on
+        every event the distiller reads)."""
+        private = self.__pydantic_private__
+        assert private is not None  # a model with private attributes always has the dict
+        return private
 
     def add_feedback(self, event: Event, raw: str) -> None:
         """Count one more feedback event; ``raw`` is its JSON."""
