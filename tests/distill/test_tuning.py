@@ -68,7 +68,8 @@ async def test_a_coroutine_that_waits_goes_on_from_where_it_stopped() -> None:
     log: list[str] = []
     future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
     finished, rest = step_eagerly(_waits_for(future, log))
-    assert not finished and log == ["before"]  # the first step ran, once
+    assert not finished
+    assert log == ["before"]  # the first step ran, once
     task = asyncio.ensure_future(rest)
     await asyncio.sleep(0)
     assert not task.done()
@@ -103,7 +104,8 @@ async def test_a_delivery_that_does_not_wait_is_not_raced() -> None:
         warnings.simplefilter("error")  # a coroutine left unawaited (the race's other side) would warn
         result = await service.wait_first(_immediate(log), suspend.wait())
     assert log == ["ran"]
-    assert result.results == ["done"] and not result.stopped
+    assert result.results == ["done"]
+    assert not result.stopped
 
 
 @in_a_loop
@@ -129,5 +131,5 @@ async def test_a_waiting_delivery_is_abandoned_when_the_flow_is_suspended() -> N
     asyncio.get_running_loop().call_later(0.01, suspend.set)
     result: Any = await service.wait_first(_waits_for(future, log), suspend.wait())
     await asyncio.sleep(0)  # let the cancelled delivery run its handler
-    assert len(result.results) == 1 and result.results[0] is True  # suspend.wait() won
+    assert result.results == [True]  # suspend.wait() won
     assert log == ["before", "cancelled"]
