@@ -394,6 +394,7 @@ class Learner:
         self._tell("refresh")
         self.engine.refresh_reference()
         self.outbox.add(checkpoint_id)
+        self._report()  # /status names the checkpoint (written, not yet published) before its published marker exists
         self._publish()
         self.board.update(activity="waiting")
 
@@ -414,6 +415,10 @@ class Learner:
             self._lag = self.source_.lag(self.positions)
             for partition, lag in self._lag.items():
                 LAG.labels(partition=str(partition)).set(lag)
+        self._report()
+
+    def _report(self) -> None:
+        """Bring the metrics and ``/status`` up to date (the lag as last measured)."""
         pending = len(self.cycle.sample_ids) + self.buffer_estimate
         STEP.set(self.step)
         POLICY_VERSION.set(self.last.policy_version)
