@@ -8,7 +8,9 @@ not work for folders that are not MLflow "logged models". Stages are deprecated:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from mlflow import MlflowClient
 from mlflow.entities.model_registry import ModelVersion
@@ -53,9 +55,29 @@ class Registry:
     def set_alias(self, name: str, alias: str, version: int) -> None:
         """Point ``alias`` of ``name`` at ``version`` (moving it if it pointed elsewhere)."""
         try:
-            self.client.set_registered_model_alias(name, alias, str(version))
+            self._writes().set_registered_model_alias(name, alias, str(version))
         except MlflowException as exc:
             raise RegistryError(f"setting {name}@{alias} -> v{version} failed: {exc}") from exc
+
+    def set_version_tags(self, name: str, version: int, tags: Mapping[str, str]) -> None:
+        """Set ``tags`` on version ``version`` of ``name``, one request each (the REST API has no batch)."""
+        writes = self._writes()
+        try:
+            for key, value in tags.items():
+                writes.set_model_version_tag(name, str(version), key, value)
+        except MlflowException as exc:
+            raise RegistryError(f"tagging {name} v{version} failed: {exc}") from exc
+
+    def _writes(self) -> Any:
+        """The client ``MlflowClient`` itself writes through, for alias moves and tags.
+
+        ``MlflowClient.set_registered_model_alias`` and ``set_model_version_tag`` first fetch the
+        registered model, to refuse a prompt of MLflow's prompt registry: one more request for each
+        alias move and each tag, and the server's CPU for it (a promotion's ten tags made twenty
+        requests, about 0.3 s of the server's CPU on 2 cores, in the middle of serving's swap). The
+        models liveloop writes to are the ones it registered, never prompts.
+        """
+        return self.client._get_registry_client()  # type: ignore[no-untyped-call]
 
     def version_by_alias(self, name: str, alias: str) -> ModelVersion:
         """The model version the alias points at; AliasNotSet if there is none."""

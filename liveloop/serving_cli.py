@@ -106,6 +106,8 @@ def _run(action: str, key: str | None, call: Callable[[Promoter], PromotionEvent
         event = call(promoter)
     except ServingError as exc:
         raise _fail(f"{action} refused: {exc}", 1) from exc
+    finally:
+        promoter.close()
     _show(event)
 
 

@@ -76,17 +76,20 @@ class GateService:
             max_poll_records=1,  # an evaluation takes minutes: take one announcement at a time
             max_poll_interval_ms=3_600_000,
         )
+        self._promoters: dict[str, Promoter] = {}
 
     def gate_for(self, model_name: str) -> Gate:
         """The gate of one registered model (announcements name their model)."""
         s = self.settings
-        promoter = Promoter(
-            registry=self.registry,
-            dsn=s.dsn.get_secret_value(),
-            bootstrap=s.bootstrap,
-            topic=s.promotions_topic,
-            model_name=model_name,
-        )
+        promoter = self._promoters.get(model_name)
+        if promoter is None:  # one per model for the service's life: it keeps its Kafka producer
+            promoter = self._promoters[model_name] = Promoter(
+                registry=self.registry,
+                dsn=s.dsn.get_secret_value(),
+                bootstrap=s.bootstrap,
+                topic=s.promotions_topic,
+                model_name=model_name,
+            )
         return Gate(
             registry=self.registry,
             dsn=s.dsn.get_secret_value(),
@@ -140,7 +143,13 @@ class GateService:
             while not self.stopping.is_set():
                 self.run_once()
         finally:
-            self.consumer.close()
+            self.close()
+
+    def close(self) -> None:
+        """Close the consumer and the promoters' producers."""
+        self.consumer.close()
+        for promoter in self._promoters.values():
+            promoter.close()
 
 
 def main() -> int:
