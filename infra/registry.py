@@ -61,8 +61,8 @@ class Registry:
 
     def set_version_tags(self, name: str, version: int, tags: Mapping[str, str]) -> None:
         """Set ``tags`` on version ``version`` of ``name``, one request each (the REST API has no batch)."""
-        writes = self._writes()
         try:
+            writes = self._writes()
             for key, value in tags.items():
                 writes.set_model_version_tag(name, str(version), key, value)
         except MlflowException as exc:
