@@ -53,6 +53,14 @@ class Loaded:
         return ids
 
 
+def import_loaders() -> None:
+    """Import now what a load imports lazily (transformers' auto classes, peft, safetensors), for a process
+    that freezes what its start-up made (:mod:`serving.engine_process`)."""
+    import peft  # noqa: F401
+    import safetensors.torch  # noqa: F401
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: F401
+
+
 def pick_device(device: str) -> torch.device:
     """``auto`` is cuda where a GPU is present, else cpu."""
     if device == "auto":
