@@ -17,6 +17,10 @@ for another version wait for a batch of their own. A request may thus share a ba
 callers' requests and other sampling parameters; a batch whose decoding fails decodes its rows again one
 at a time, so only the row at fault fails its caller. Loading lives in :mod:`serving.torch_load`.
 
+Loading a checkpoint that differs from the serving one in its weights alone makes a copy of the
+serving model, and that Python work runs on the batcher thread, between two decode steps
+(:mod:`serving.torch_load` says why): ``load`` queues it as a chore and waits for it.
+
 Prompts are encoded with the tokenizer's special tokens (a BOS where the tokenizer adds one) minus a
 trailing eos, which tokenizers such as ByT5 append and which would tell the model the text is over.
 """
@@ -28,9 +32,11 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from serving.engine import Generation, LoadFailed, QueuingEngine, SamplingParams, UnknownVersion, VersionedEngine
 from serving.errors import InvalidRequest, NotReady
@@ -49,6 +55,20 @@ class _Request:
     submitted: float = field(default_factory=time.monotonic)
 
 
+@dataclass(eq=False)
+class _Chore:
+    """Work the batcher thread runs between two decode steps; ``future`` holds its result."""
+
+    work: Callable[[], Any]
+    future: Future[Any] = field(default_factory=Future)
+
+    def run(self) -> None:
+        try:
+            self.future.set_result(self.work())
+        except BaseException as exc:  # the caller gets whatever the work raised; the batcher lives on
+            self.future.set_exception(exc)
+
+
 class TorchEngine(QueuingEngine, VersionedEngine[Loaded]):
     """The default engine (see the module docstring). Call :meth:`close` to stop its batcher thread."""
 
@@ -61,7 +81,7 @@ class TorchEngine(QueuingEngine, VersionedEngine[Loaded]):
         self.batch_wait_s = batch_wait_ms / 1000.0
         super().__init__()
         self._load_lock = threading.Lock()  # one load at a time: loading takes memory and both CPU cores
-        self._queue: queue.SimpleQueue[_Request | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[_Request | _Chore | None] = queue.SimpleQueue()
         self._closed = False
         self._pending = 0  # rows submitted and not answered yet
         self.largest_batch = 0  # most rows decoded together so far (observability, and tests)
@@ -74,11 +94,19 @@ class TorchEngine(QueuingEngine, VersionedEngine[Loaded]):
 
     def load(self, folder: Path, policy_version: int) -> None:
         """Load a full-weights folder, or a LoRA adapter folder on top of the default version's base."""
+        if self._closed:
+            raise NotReady("the engine is closed")
         with self._load_lock:
             with self._lock:
                 serving = self._versions.get(self._default) if self._default is not None else None
             loaded = load_version(
-                Path(folder), policy_version, self._base_for_adapter, self.device, self.dtype, like=serving
+                Path(folder),
+                policy_version,
+                self._base_for_adapter,
+                self.device,
+                self.dtype,
+                like=serving,
+                run=self._on_batcher,
             )
             with self._lock:
                 self._versions[policy_version] = loaded
@@ -184,15 +212,34 @@ class TorchEngine(QueuingEngine, VersionedEngine[Loaded]):
             self._pending += 1
         self._queue.put(request)
 
+    def _on_batcher(self, work: Callable[[], Any]) -> Any:
+        """Run ``work`` on the batcher thread, between two decode steps, and return its result."""
+        if self._closed:
+            raise NotReady("the engine is closed")
+        chore = _Chore(work)
+        self._queue.put(chore)
+        return chore.future.result()
+
     def close(self) -> None:
         """Stop the batcher (requests already queued are answered first) and drop every version."""
         if not self._closed:
             self._closed = True
             self._queue.put(None)
             self._batcher.join(timeout=60)
+            self._fail_chores_left()
         with self._lock:
             self._versions.clear()
             self._default = None
+
+    def _fail_chores_left(self) -> None:
+        """A chore queued as the engine closed is answered too: its caller would wait for ever."""
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(item, _Chore):
+                item.future.set_exception(NotReady("the engine is closed"))
 
     # -- the batcher thread -----------------------------------------------------------------------
 
@@ -208,6 +255,9 @@ class TorchEngine(QueuingEngine, VersionedEngine[Loaded]):
                 first = self._queue.get()
                 if first is None:
                     return
+                if isinstance(first, _Chore):
+                    first.run()
+                    continue
                 batch, closing = self._collect(first)
                 waiting.extend(batch)
             else:
@@ -232,7 +282,10 @@ class TorchEngine(QueuingEngine, VersionedEngine[Loaded]):
                 return False
             if item is None:
                 return True
-            waiting.append(item)
+            if isinstance(item, _Chore):
+                item.run()
+            else:
+                waiting.append(item)
 
     def _join_now(self, waiting: collections.deque[_Request], loaded: Loaded | None, size: int) -> bool:
         """Whether waiting requests join now: each join costs a prefill pass, so arrivals a few ms apart
@@ -314,6 +367,9 @@ class TorchEngine(QueuingEngine, VersionedEngine[Loaded]):
                 break
             if item is None:
                 return batch, True
+            if isinstance(item, _Chore):
+                item.run()
+                continue
             batch.append(item)
             deadline = min(cap, time.monotonic() + self.batch_wait_s)
         return batch, False

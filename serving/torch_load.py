@@ -13,6 +13,12 @@ files is Python work, which holds the GIL the decoder needs between its torch ca
 beside a serving version stalls its requests for the whole load (tiny model on 2 cores: about 40 ms
 of load, ~10 ms as a copy). Anything else, or any doubt, takes the full load. A copy is not warmed
 up: its architecture is serving already, and its weights are checked finite like any other.
+
+The copy's Python work (copying the model, loading and checking the weights: about 5 ms for the tiny
+model) is handed to ``run``, which the torch engine points at its batcher thread: done there, between
+two decode steps, it delays the running requests by its own length once. Done on another thread, it
+competes with the batcher for the GIL, which changes hands only every 5 ms (the switch interval) while
+both want it: the load then took 10-20 ms and stalled the running requests for about that long.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import copy
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -31,6 +37,13 @@ from serving.torch_decode import decode_batch, eos_ids_of
 
 ADAPTER_CONFIG = "adapter_config.json"
 WEIGHTS_FILE = "model.safetensors"
+
+T = TypeVar("T")
+
+
+def run_here(work: Callable[[], T]) -> T:
+    """Where a copy's Python work runs by default: on the calling thread."""
+    return work()
 
 
 @dataclass(frozen=True, eq=False)
@@ -82,11 +95,12 @@ def load_version(
     device: torch.device,
     dtype: torch.dtype,
     like: Loaded | None = None,
+    run: Callable[[Callable[[], Any]], Any] = run_here,
 ) -> Loaded:
     """Load ``folder`` as ``version``; LoadFailed (naming the folder and the problem) if it cannot serve.
 
     ``like``: a loaded version whose model and tokenizer are reused when ``folder`` differs from its
-    folder in the weights alone (see the module docstring).
+    folder in the weights alone; ``run`` runs the Python work of such a copy (see the module docstring).
     """
     if not folder.is_dir():
         raise LoadFailed(f"{folder} is not a folder; give the checkpoint's Hugging Face folder")
@@ -98,7 +112,7 @@ def load_version(
             tokenizer = _load_tokenizer(folder if _has_tokenizer(folder) else base_folder)
         else:
             base_folder = folder
-            copied = _with_new_weights(like, folder, device) if like is not None else None
+            copied = _with_new_weights(like, folder, device, run) if like is not None else None
             reused = copied is not None
             if copied is not None:
                 model, tokenizer = copied
@@ -109,7 +123,8 @@ def load_version(
         raise
     except Exception as exc:  # transformers/peft raise OSError, ValueError, KeyError, RuntimeError, ...
         raise LoadFailed(f"cannot load policy version {version} from {folder}: {exc}") from exc
-    _check_finite(model, folder)
+    if not reused:  # a copy was checked as it was made
+        _check_finite(model, folder)
     max_positions = getattr(model.config, "max_position_embeddings", None)
     loaded = Loaded(version, model, tokenizer, folder, base_folder, eos_ids_of(model, tokenizer), max_positions)
     if not reused:
@@ -124,21 +139,30 @@ def _from_pretrained(folder: Path, device: torch.device, dtype: torch.dtype) -> 
     return model.to(device).eval()
 
 
-def _with_new_weights(template: Loaded, folder: Path, device: torch.device) -> tuple[Any, Any] | None:
-    """``template``'s model (a copy) and tokenizer, with ``folder``'s weights; None unless ``folder`` holds
-    the same files as the template's full-weights folder, byte for byte, but for the weights and the
-    manifest (which names the policy version)."""
+def _with_new_weights(
+    template: Loaded, folder: Path, device: torch.device, run: Callable[[Callable[[], Any]], Any]
+) -> tuple[Any, Any] | None:
+    """``template``'s model (a copy, checked finite) and tokenizer, with ``folder``'s weights; None unless
+    ``folder`` holds the same files as the template's full-weights folder, byte for byte, but for the
+    weights and the manifest (which names the policy version)."""
     if template.folder != template.base_folder or not _same_but_weights(template.folder, folder):
         return None
     from safetensors.torch import load_file
 
-    try:
-        weights = load_file(folder / WEIGHTS_FILE, device=str(device))
+    def copy_with_weights() -> Any:
         model = copy.deepcopy(template.model)  # the serving model is only read: decoding never writes it
         model.load_state_dict(weights, strict=True)  # every name and shape, or the full load says what is wrong
+        _check_finite(model, folder)
+        return model.eval()
+
+    try:
+        weights = load_file(folder / WEIGHTS_FILE, device=str(device))
+        model = run(copy_with_weights)
+    except LoadFailed:
+        raise
     except Exception:  # any doubt takes the full load, which reports the problem itself
         return None
-    return model.eval(), template.tokenizer
+    return model, template.tokenizer
 
 
 def _same_but_weights(reference: Path, folder: Path) -> bool:

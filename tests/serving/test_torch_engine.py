@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,7 @@ import torch
 
 from learner.tiny_model import TinyModelSpec, byte_tokenizer, save_tiny_model
 from serving.engine import Generation, LoadFailed, SamplingParams, UnknownVersion
-from serving.errors import InvalidRequest
+from serving.errors import InvalidRequest, NotReady
 from serving.torch_decode import BatchRun, decode_batch
 from serving.torch_engine import TorchEngine
 from serving.torch_load import load_version
@@ -296,6 +297,36 @@ def test_a_checkpoint_differing_in_weights_alone_loads_as_a_copy_that_decodes_as
 
 def _no_base() -> Path:
     raise AssertionError("no adapter is loaded here")
+
+
+def test_a_copy_loaded_while_a_batch_decodes_leaves_it_and_the_new_version_exact(
+    engine: TorchEngine, folders: dict[str, Path]
+) -> None:
+    # The copy's work runs on the batcher thread between two decode steps: the running request must come
+    # out as it does alone, and the new version as a full load of its folder decodes.
+    long = SamplingParams(temperature=0.0, max_tokens=600)
+    alone = engine.generate([PROMPTS[2]], long)[0]
+    cpu, f32 = torch.device("cpu"), torch.float32
+    full = load_version(folders["v2"], 2, _no_base, cpu, f32)
+    expected = decode_batch(full.model, full.tokenizer, [full.encode(PROMPTS[0])], [GREEDY], cpu, full.eos_ids)[0]
+    batches = engine.batches_run
+    running = engine.submit([PROMPTS[2]], long)
+    while engine.batches_run == batches:  # decoding, not just queued
+        time.sleep(0.001)
+    engine.load(folders["v2"], 2)
+    loaded_while_running = not running.done()
+    assert loaded_while_running
+    assert running.result()[0].token_ids == alone.token_ids
+    assert engine.generate([PROMPTS[0]], GREEDY, policy_version=2)[0].token_ids == expected.token_ids
+
+
+def test_a_closed_engine_refuses_a_load(folders: dict[str, Path]) -> None:
+    engine = TorchEngine(device="cpu", max_batch=8, batch_wait_ms=20)
+    engine.load(folders["v1"], 1)
+    engine.close()
+    with pytest.raises(NotReady, match="closed"):
+        engine.load(folders["v2"], 2)
+    assert engine.loaded_versions == []
 
 
 def test_a_lora_adapter_loads_on_top_of_the_base(engine: TorchEngine, folders: dict[str, Path], tmp_path: Path) -> None:
