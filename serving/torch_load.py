@@ -18,7 +18,9 @@ The copy's Python work (copying the model, loading and checking the weights: abo
 model) is handed to ``run``, which the torch engine points at its batcher thread: done there, between
 two decode steps, it delays the running requests by its own length once. Done on another thread, it
 competes with the batcher for the GIL, which changes hands only every 5 ms (the switch interval) while
-both want it: the load then took 10-20 ms and stalled the running requests for about that long.
+both want it: the load then took 10-20 ms and stalled the running requests for about that long. Only a
+small model's copy goes to ``run`` (:data:`SMALL_COPY_BYTES`): a large model's copy is mostly tensor
+copies, which release the GIL, and on the batcher it would stop decoding for as long as they take.
 """
 
 from __future__ import annotations
@@ -39,6 +41,9 @@ ADAPTER_CONFIG = "adapter_config.json"
 WEIGHTS_FILE = "model.safetensors"
 
 T = TypeVar("T")
+
+SMALL_COPY_BYTES = 64 << 20
+"""Parameters up to this size make a copy whose cost is Python work, not copying memory."""
 
 
 def run_here(work: Callable[[], T]) -> T:
@@ -157,7 +162,8 @@ def _with_new_weights(
 
     try:
         weights = load_file(folder / WEIGHTS_FILE, device=str(device))
-        model = run(copy_with_weights)
+        small = sum(p.numel() * p.element_size() for p in template.model.parameters()) <= SMALL_COPY_BYTES
+        model = (run if small else run_here)(copy_with_weights)
     except LoadFailed:
         raise
     except Exception:  # any doubt takes the full load, which reports the problem itself
