@@ -6,7 +6,11 @@ the gateway's process that CPU holds the GIL that the HTTP event loop needs, so 
 wait for it; on 2 cores the slowest requests during a swap fell inside the download. The helper has
 a GIL of its own and runs at a lower CPU priority (:data:`HELPER_NICE`), so serving keeps its core.
 
-The helper starts (and imports MLflow, about 2 s) as soon as the :class:`RegistryWorker` is made,
+The checks of a downloaded checkpoint (:func:`serving.sanity.check_checkpoint`: every sha256 of its
+manifest, every weight finite) run in the helper too: they hash and read every file, and they import
+torch (about 1.5 s of the GIL, at the first swap), which the gateway's own process never needs.
+
+The helper starts (and imports MLflow and torch, about 4 s) as soon as the :class:`RegistryWorker` is made,
 while the gateway loads its engine. If it dies, the call in flight fails with :class:`RegistryError`
 (the controller then keeps the champion serving and retries at its next reconcile) and the next
 call starts a fresh helper. If the gateway dies (a SIGKILL leaves no time to stop anything), the
@@ -27,6 +31,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from infra.registry import Registry, RegistryError
+from learner.manifest import CheckpointManifest
+from serving.sanity import check_checkpoint
 
 T = TypeVar("T")
 
@@ -53,6 +59,11 @@ class RegistryWorker:
     def download(self, name: str, version: int, destination: Path) -> Path:
         """Download the files of a model version into ``destination``; return the folder."""
         return self._call(_download, name, version, destination)
+
+    def download_checked(self, name: str, version: int, destination: Path) -> tuple[Path, CheckpointManifest]:
+        """:meth:`download`, then :func:`serving.sanity.check_checkpoint` on the folder, both in the helper;
+        the folder and its manifest, or CheckpointRefused."""
+        return self._call(_download_checked, name, version, destination)
 
     def helper_pids(self) -> list[int]:
         """The helper's process id (a list: empty while none runs), for accounting and fault injection."""
@@ -87,6 +98,7 @@ def _start(tracking_uri: str, nice: int, parent: int) -> None:
         os.nice(nice)
     threading.Thread(target=_exit_when_orphaned, args=(parent,), name="liveloop-orphan-check", daemon=True).start()
     _registry = Registry(tracking_uri)
+    import torch  # noqa: F401 - the weight check's, now rather than during the first swap
 
 
 def _exit_when_orphaned(parent: int) -> None:
@@ -108,3 +120,8 @@ def _alias_version(name: str, alias: str) -> int:
 
 def _download(name: str, version: int, destination: Path) -> Path:
     return _helper_registry().download(name, version, destination)
+
+
+def _download_checked(name: str, version: int, destination: Path) -> tuple[Path, CheckpointManifest]:
+    folder = _download(name, version, destination)
+    return folder, check_checkpoint(folder)

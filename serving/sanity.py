@@ -19,6 +19,10 @@ class CheckpointRefused(ServingError):
         super().__init__(message)
         self.stage = stage
 
+    def __reduce__(self) -> tuple[type[CheckpointRefused], tuple[str, str]]:
+        # Raised in the registry helper process (serving.registry_worker) and re-raised in the gateway.
+        return (type(self), (str(self), self.stage))
+
 
 def non_finite_tensors(folder: Path) -> list[str]:
     """Names (``file:tensor``) of the tensors in the folder's safetensors files holding a NaN or an Inf."""

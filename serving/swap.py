@@ -7,8 +7,8 @@ manifest and that every weight is finite, ``engine.load`` it beside the current 
 warms it up), ``engine.switch`` (atomic). Requests already running finish on the version they
 started with, because the engine resolves a request's version once, when it starts.
 
-In the gateway the registry calls (the alias, the download) are made by a helper process
-(:mod:`serving.registry_worker`), so their CPU does not hold the GIL the HTTP event loop needs.
+In the gateway the registry calls (the alias, the download) and the checks are made by a helper
+process (:mod:`serving.registry_worker`), so their CPU does not hold the GIL the HTTP event loop needs.
 
 A failure at any step keeps the current champion serving, emits a :class:`SwapFailedEvent` on the
 promotions topic and counts ``liveloop_serving_swap_failures_total``; a version refused by a check
@@ -42,6 +42,7 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from infra.registry import CANDIDATE, CHAMPION, AliasNotSet, RegistryError
+from learner.manifest import CheckpointManifest
 from serving.canary import CanaryRouter
 from serving.engine import Engine, EngineError
 from serving.errors import ServingError
@@ -206,13 +207,16 @@ class SwapController:
             return known
         folder = self.work_dir / f"{self.model_name}-v{model_version}-{uuid.uuid4().hex[:8]}"
         try:
-            files = self.registry.download(self.model_name, model_version, folder)
+            files, manifest = self._fetch(model_version, folder)
         except (RegistryError, OSError) as exc:
             self._failed(model_version, role, "download", str(exc), refuse=False)
             shutil.rmtree(folder, ignore_errors=True)
             return None
+        except CheckpointRefused as exc:
+            self._failed(model_version, role, "verify", str(exc), refuse=True)
+            shutil.rmtree(folder, ignore_errors=True)
+            return None
         try:
-            manifest = check_checkpoint(files)
             if manifest.model_name != self.model_name:
                 raise CheckpointRefused(
                     f"v{model_version} holds a checkpoint of {manifest.model_name}, not {self.model_name}", "verify"
@@ -238,6 +242,14 @@ class SwapController:
             shutil.rmtree(folder, ignore_errors=True)
             return None
         return Loaded(model_version, manifest.policy_version, folder)
+
+    def _fetch(self, model_version: int, folder: Path) -> tuple[Path, CheckpointManifest]:
+        """Download a version into ``folder`` and check it: in the registry helper when there is one (the
+        checks hash and read every file, which would hold this process's GIL), else here."""
+        if isinstance(self.registry, RegistryWorker):
+            return self.registry.download_checked(self.model_name, model_version, folder)
+        files = self.registry.download(self.model_name, model_version, folder)
+        return files, check_checkpoint(files)
 
     def _failed(
         self, model_version: int, role: Role, stage: Literal["download", "verify", "load"], error: str, *, refuse: bool

@@ -33,7 +33,7 @@ import pytest
 
 from infra.registry import CANDIDATE
 from infra.stack import Endpoints
-from serving.promotion import TAG_DECIDED_BY, TAG_REASON, TAG_STATUS, Promoter
+from serving.promotion import Promoter, recorded_decision
 from tests.reliability.doors import (
     OTHER_TENANT,
     GatewayDoor,
@@ -275,9 +275,9 @@ def test_operator_actions_with_the_operator_key_are_done_and_recorded(
         ("reject", 1, 3, "carol", "leaks keys"),
     ]
     assert state["published"] == start["published"] + 3
-    assert (state["tags"][3][TAG_STATUS], state["tags"][3][TAG_DECIDED_BY]) == ("rejected", "carol")
-    assert state["tags"][3][TAG_REASON] == "leaks keys"
-    assert (state["tags"][2][TAG_STATUS], state["tags"][2][TAG_DECIDED_BY]) == ("rolled-back", "bob")
+    rejected, rolled_back = recorded_decision(state["tags"][3]), recorded_decision(state["tags"][2])
+    assert (rejected["status"], rejected["by"], rejected["reason"]) == ("rejected", "carol", "leaks keys")
+    assert (rolled_back["status"], rolled_back["by"]) == ("rolled-back", "bob")
 
 
 # --------------------------------------------------------------------------------------- listening addresses

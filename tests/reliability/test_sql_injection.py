@@ -34,7 +34,7 @@ from infra.stack import Endpoints
 from ingest.events import event_to_json, parse_event
 from learner.manifest import CheckpointManifest, OffsetRange, config_hash, now_utc
 from learner.publish import PublishError, record_checkpoint
-from serving.promotion import TAG_DECIDED_BY, TAG_REASON, Promoter, PromotionError
+from serving.promotion import Promoter, PromotionError, recorded_decision
 from tests.reliability.doors import ingest_door, make_credentials, operator_door
 from tests.reliability.hostile import (
     CONTROL,
@@ -213,8 +213,8 @@ def operate(endpoints: Endpoints, dsn: str, tmp: Path) -> int:
         exit_code, output = door.run(["promote", str(version), "--actor", s, "--reason", s], env_key=keys.operator)
         assert exit_code == 0, (s, output)
         expected.append(("promote", None if i == 0 else 3 - version, version, s, s))
-        tags = door.tags(version)
-        assert (tags[TAG_DECIDED_BY], tags[TAG_REASON]) == (s, s)
+        decided = recorded_decision(door.tags(version))
+        assert (decided["by"], decided["reason"]) == (s, s)
     rows = door.history()
     assert [row[1:] for row in rows] == expected
     # In-process callers can pass NUL, which PostgreSQL text cannot hold: refused in the package's terms.

@@ -20,7 +20,7 @@ from infra.migrations import migrate
 from infra.registry import CANDIDATE, CHAMPION, AliasNotSet, Registry
 from infra.stack import Endpoints, Stack
 from liveloop.serving_cli import app
-from serving.promotion import HistoryRow, Promoter, champion_stack
+from serving.promotion import HistoryRow, Promoter, champion_stack, recorded_decision
 from serving.promotions_contract import PromotionEvent, parse_message
 from tests.serving.checkpoints import register
 
@@ -151,6 +151,12 @@ def test_operator_promote_rollback_reject_with_exact_history(
     assert tags[2]["liveloop.status"] == "rolled-back"
     assert tags[3]["liveloop.status"] == "rolled-back"
     assert tags[4]["liveloop.status"] == "rejected"
-    assert tags[4]["liveloop.decided_by"] == "dave"
+    assert recorded_decision(tags[4]) == {
+        "status": "rejected",
+        "by": "dave",
+        "at": events[4].at.isoformat(),
+        "reason": "leaks keys",
+        "promotion_id": events[4].history_id,
+    }
     with pytest.raises(AliasNotSet):  # rejecting the candidate removes the alias: its canary stops
         registry.version_by_alias(name, CANDIDATE)

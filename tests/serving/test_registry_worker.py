@@ -1,7 +1,8 @@
 """The registry helper process the gateway's swap controller reads through, against the real MLflow.
 
 - It answers as the registry does: the alias's version, the same files byte for byte, and
-  AliasNotSet (the controller's "nothing to serve yet") across the process boundary.
+  AliasNotSet (the controller's "nothing to serve yet") across the process boundary; it checks a
+  checkpoint as the gateway would (its refusals are tested in ``test_swap.py``).
 - It runs at a lower CPU priority than its owner (the gateway).
 - A helper that dies fails the call with a RegistryError (the controller keeps serving and retries)
   and the next call is answered by a fresh helper; a helper whose owner is SIGKILLed exits.
@@ -24,6 +25,7 @@ import pytest
 from infra.registry import CANDIDATE, CHAMPION, AliasNotSet, Registry, RegistryError
 from infra.stack import Endpoints
 from serving.registry_worker import HELPER_NICE, RegistryWorker
+from serving.sanity import check_checkpoint
 from tests.distill.stream_harness import REPO_ROOT
 from tests.serving.checkpoints import register, write_checkpoint
 
@@ -55,6 +57,8 @@ def test_it_answers_as_the_registry_does(endpoints: Endpoints, worker: RegistryW
         worker.alias_version(name, CANDIDATE)
     folder = worker.download(name, 1, tmp_path / "by-helper")
     assert _digests(folder) == _digests(registry.download(name, 1, tmp_path / "in-process")) != {}
+    checked, manifest = worker.download_checked(name, 1, tmp_path / "checked-by-helper")
+    assert (_digests(checked), manifest) == (_digests(folder), check_checkpoint(folder))
     (helper,) = worker.helper_pids()
     assert psutil.Process(helper).nice() == min(19, psutil.Process().nice() + HELPER_NICE)
 

@@ -167,16 +167,24 @@ def test_three_promotions_and_a_rollback_under_load_drop_nothing(
         controller.stop()
 
 
+@pytest.mark.parametrize("checked_in", ["this process", "the registry helper"])
 def test_bad_checksum_and_nan_weights_are_refused_and_reported(
-    endpoints: Endpoints, fresh_database: str, make_topic: Callable[..., str], tmp_path: Path, engine: TorchEngine
+    endpoints: Endpoints,
+    fresh_database: str,
+    make_topic: Callable[..., str],
+    tmp_path: Path,
+    engine: TorchEngine,
+    checked_in: str,
 ) -> None:
+    """The gateway checks in its registry helper (CheckpointRefused crosses the process boundary)."""
     s = _setup(endpoints, fresh_database, make_topic(), tmp_path, engine, count=1)
     bad_hash = write_checkpoint(tmp_path / "bad-hash", model_name=s.name, policy_version=1, seed=1)
     corrupt_manifest_hash(tmp_path / "bad-hash", bad_hash)
     v_hash = register(endpoints.mlflow_url, tmp_path / "bad-hash", s.name)
     write_checkpoint(tmp_path / "nan", model_name=s.name, policy_version=2, model=nan_model())
     v_nan = register(endpoints.mlflow_url, tmp_path / "nan", s.name)
-    controller = _controller(s, endpoints, tmp_path)
+    helper = RegistryWorker(endpoints.mlflow_url) if checked_in == "the registry helper" else None
+    controller = _controller(s, endpoints, tmp_path, registry=helper)
     controller.start()
     try:
         for version in (v_hash, v_nan):
