@@ -208,26 +208,11 @@ class SwapController:
         folder = self.work_dir / f"{self.model_name}-v{model_version}-{uuid.uuid4().hex[:8]}"
         try:
             files, manifest = self._fetch(model_version, folder)
+            self._check_identity(model_version, manifest)
         except (RegistryError, OSError) as exc:
             self._failed(model_version, role, "download", str(exc), refuse=False)
             shutil.rmtree(folder, ignore_errors=True)
             return None
-        except CheckpointRefused as exc:
-            self._failed(model_version, role, "verify", str(exc), refuse=True)
-            shutil.rmtree(folder, ignore_errors=True)
-            return None
-        try:
-            if manifest.model_name != self.model_name:
-                raise CheckpointRefused(
-                    f"v{model_version} holds a checkpoint of {manifest.model_name}, not {self.model_name}", "verify"
-                )
-            clash = [v for v in (self.champion, self.canary) if v and v.policy_version == manifest.policy_version]
-            if clash:
-                raise CheckpointRefused(
-                    f"v{model_version} has policy version {manifest.policy_version}, "
-                    f"already served as v{clash[0].model_version}",
-                    "verify",
-                )
         except CheckpointRefused as exc:
             self._failed(model_version, role, "verify", str(exc), refuse=True)
             shutil.rmtree(folder, ignore_errors=True)
@@ -250,6 +235,20 @@ class SwapController:
             return self.registry.download_checked(self.model_name, model_version, folder)
         files = self.registry.download(self.model_name, model_version, folder)
         return files, check_checkpoint(files)
+
+    def _check_identity(self, model_version: int, manifest: CheckpointManifest) -> None:
+        """CheckpointRefused if the version holds another model's checkpoint, or a policy version served already."""
+        if manifest.model_name != self.model_name:
+            raise CheckpointRefused(
+                f"v{model_version} holds a checkpoint of {manifest.model_name}, not {self.model_name}", "verify"
+            )
+        clash = [v for v in (self.champion, self.canary) if v and v.policy_version == manifest.policy_version]
+        if clash:
+            raise CheckpointRefused(
+                f"v{model_version} has policy version {manifest.policy_version}, "
+                f"already served as v{clash[0].model_version}",
+                "verify",
+            )
 
     def _failed(
         self, model_version: int, role: Role, stage: Literal["download", "verify", "load"], error: str, *, refuse: bool
