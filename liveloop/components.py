@@ -116,6 +116,7 @@ def loop_components(stack: Stack) -> list[ComponentSpec]:
                 "LIVELOOP_SERVING_BOOTSTRAP": e.kafka_bootstrap,
                 "LIVELOOP_SERVING_EVENTS_TOPIC": topics.events.name,
                 "LIVELOOP_SERVING_PROMOTIONS_TOPIC": topics.promotions.name,
+                "LIVELOOP_SERVING_CHECKPOINTS_TOPIC": topics.checkpoints.name,
                 "LIVELOOP_SERVING_MLFLOW_URL": e.mlflow_url,
                 "LIVELOOP_SERVING_CREDENTIALS_PATH": str(stack.settings.credentials_path.resolve()),
                 "LIVELOOP_SERVING_SDK_JOURNAL_DIR": str(state / "gateway-journal"),

@@ -154,6 +154,11 @@ class ServingSettings(LiveloopSettings):
         pattern=_TOPIC,
         description="Decisions the swap controller follows (and where it reports swap-failed).",
     )
+    checkpoints_topic: str = Field(
+        default_factory=lambda: TopicsSettings().checkpoints.name,
+        pattern=_TOPIC,
+        description="New candidates announced by the learner; the swap controller stages each (swap_stage_candidate).",
+    )
     swap_reconcile_interval_s: float = Field(
         default=30.0,
         gt=0.0,
@@ -167,6 +172,11 @@ class ServingSettings(LiveloopSettings):
     swap_keep_previous: bool = Field(
         default=True,
         description="Keep the previous champion loaded after a swap, so that a rollback is a switch (no download).",
+    )
+    swap_stage_candidate: bool = Field(
+        default=True,
+        description="Download and check the candidate while it is evaluated, so that its promotion is a load and a "
+        "switch (ignored with a canary, which loads it).",
     )
     swap_unload_grace_s: float = Field(
         default=5.0,

@@ -20,7 +20,13 @@ other version is unloaded once ``unload_grace_s`` has passed, so that a request 
 before the switch (e.g. by the canary router) still finds it loaded; the engine's ``unload`` then
 waits for requests still running on it.
 
-Canary: with ``canary_fraction > 0`` the controller also loads the ``candidate`` alias (when it is
+Staging: the ``candidate`` alias (the learner's newest checkpoint, under evaluation) is downloaded and
+checked ahead of its promotion (``stage_candidate``, default on), when the learner announces it on the
+checkpoints topic and at every reconcile. Its promotion then loads the checked folder: no download,
+and none of the download's work (the registry's, the hashing) beside the requests of the swap. A
+candidate refused by a check is reported (role ``candidate``) before anyone promotes it.
+
+Canary: with ``canary_fraction > 0`` the controller instead loads the ``candidate`` (when it is
 neither the champion nor refused) and hands its policy version to the :class:`CanaryRouter`.
 """
 
@@ -40,9 +46,10 @@ from typing import Any, Literal, Protocol
 
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from prometheus_client import CollectorRegistry, Counter, Gauge
+from pydantic import ValidationError
 
 from infra.registry import CANDIDATE, CHAMPION, AliasNotSet, RegistryError
-from learner.manifest import CheckpointManifest
+from learner.manifest import CheckpointAnnouncement, CheckpointManifest
 from serving.canary import CanaryRouter
 from serving.engine import Engine, EngineError
 from serving.errors import ServingError
@@ -71,6 +78,16 @@ class VersionSource(Protocol):
 
 
 @dataclass(frozen=True)
+class Staged:
+    """A model version downloaded and checked ahead of its promotion, not yet loaded in the engine."""
+
+    model_version: int
+    files: Path
+    manifest: CheckpointManifest
+    folder: Path
+
+
+@dataclass(frozen=True)
 class Loaded:
     """A model version loaded in the engine, with the policy version the engine knows it by."""
 
@@ -91,10 +108,12 @@ class SwapController:
         bootstrap: str,
         promotions_topic: str,
         work_dir: Path,
+        checkpoints_topic: str | None = None,
         reconcile_interval_s: float = 30.0,
         canary_fraction: float = 0.0,
         keep_previous: bool = True,
         unload_grace_s: float = 5.0,
+        stage_candidate: bool = True,
         metrics: CollectorRegistry | None = None,
     ) -> None:
         self.engine = engine
@@ -102,16 +121,19 @@ class SwapController:
         self.model_name = model_name
         self.bootstrap = bootstrap
         self.topic = promotions_topic
+        self.checkpoints_topic = checkpoints_topic
         self.work_dir = work_dir
         self.reconcile_interval_s = reconcile_interval_s
         self.keep_previous = keep_previous
         self.unload_grace_s = unload_grace_s
+        self.stage_candidate = stage_candidate
         self.instance = f"{socket.gethostname()}:{os.getpid()}"
         metrics = metrics if metrics is not None else CollectorRegistry()
         self.router = CanaryRouter(canary_fraction, metrics)
         self.champion: Loaded | None = None
         self.previous: Loaded | None = None
         self.canary: Loaded | None = None
+        self.staged: Staged | None = None
         self.refused: set[int] = set()
         self._retiring: dict[int, tuple[float, Loaded]] = {}  # policy version -> (since, what)
         self._lock = threading.RLock()
@@ -134,6 +156,10 @@ class SwapController:
             changed = self._reconcile_champion()
             if self.router.fraction > 0:
                 self._reconcile_canary()
+            elif self.stage_candidate and not changed:
+                # Not right after a swap: the candidate is then mostly the new champion, and the read
+                # would come beside the swap's first requests. The next announcement or pass stages.
+                self._stage_candidate()
             self._unload_retired()
             return changed
 
@@ -194,6 +220,45 @@ class SwapController:
         if old is not None:
             self._retire(old)
 
+    def _stage_candidate(self) -> None:
+        """Download and check the ``candidate`` ahead of its promotion, so that its swap is a load and a switch.
+
+        The candidate waits for its evaluation for minutes; its promotion should not wait for a download
+        too, nor put the download's work (the registry's, the hashing) beside the requests of the swap.
+        """
+        try:
+            wanted = self._alias(CANDIDATE)
+        except RegistryError as exc:
+            log.warning("cannot read %s@%s: %s", self.model_name, CANDIDATE, exc)
+            return
+        if self.staged is not None and self.staged.model_version == wanted:
+            return
+        self._drop_staged()
+        if wanted is None or wanted in self.refused or self._known(wanted) is not None:
+            return
+        folder = self._new_folder(wanted)
+        try:
+            files, manifest = self._fetch(wanted, folder)
+            self._check_identity(wanted, manifest)
+        except (RegistryError, OSError) as exc:
+            self._failed(wanted, "candidate", "download", str(exc), refuse=False)
+            shutil.rmtree(folder, ignore_errors=True)
+            return
+        except CheckpointRefused as exc:
+            self._failed(wanted, "candidate", "verify", str(exc), refuse=True)
+            shutil.rmtree(folder, ignore_errors=True)
+            return
+        self.staged = Staged(wanted, files, manifest, folder)
+        log.info("%s: staged candidate v%d (policy %d)", self.model_name, wanted, manifest.policy_version)
+
+    def _drop_staged(self) -> None:
+        if self.staged is not None:
+            shutil.rmtree(self.staged.folder, ignore_errors=True)
+            self.staged = None
+
+    def _new_folder(self, model_version: int) -> Path:
+        return self.work_dir / f"{self.model_name}-v{model_version}-{uuid.uuid4().hex[:8]}"
+
     def _known(self, model_version: int) -> Loaded | None:
         for item in (self.champion, self.previous, self.canary, *(entry[1] for entry in self._retiring.values())):
             if item is not None and item.model_version == model_version:
@@ -205,9 +270,12 @@ class SwapController:
         if known is not None and known.policy_version in self.engine.loaded_versions:
             self._retiring.pop(known.policy_version, None)
             return known
-        folder = self.work_dir / f"{self.model_name}-v{model_version}-{uuid.uuid4().hex[:8]}"
+        staged = self.staged if self.staged is not None and self.staged.model_version == model_version else None
+        if staged is not None:
+            self.staged = None  # the folder is the loaded version's from here on
+        folder = staged.folder if staged is not None else self._new_folder(model_version)
         try:
-            files, manifest = self._fetch(model_version, folder)
+            files, manifest = (staged.files, staged.manifest) if staged else self._fetch(model_version, folder)
             self._check_identity(model_version, manifest)
         except (RegistryError, OSError) as exc:
             self._failed(model_version, role, "download", str(exc), refuse=False)
@@ -308,11 +376,18 @@ class SwapController:
             self.registry.close()
 
     def _consumer(self) -> Any:
-        # No consumer group: every serving instance reads every decision, from the end (the alias
-        # covers everything before). Positions are resolved now, so no event after start is missed.
+        # No consumer group: every serving instance reads every decision (and every announcement), from
+        # the end (the aliases cover everything before). Positions are resolved now, so no event after
+        # start is missed.
         consumer = KafkaConsumer(bootstrap_servers=self.bootstrap, group_id=None, enable_auto_commit=False)
         partitions = consumer.partitions_for_topic(self.topic) or {0}
         assigned = [TopicPartition(self.topic, p) for p in sorted(partitions)]
+        if self.checkpoints_topic and self.stage_candidate:
+            announced = consumer.partitions_for_topic(self.checkpoints_topic)
+            if announced:
+                assigned += [TopicPartition(self.checkpoints_topic, p) for p in sorted(announced)]
+            else:  # the broker creates no topic on its own: positions in it would never resolve
+                log.warning("no topic %s: candidates are staged by the periodic pass only", self.checkpoints_topic)
         consumer.assign(assigned)
         consumer.seek_to_end()
         for tp in assigned:
@@ -327,7 +402,7 @@ class SwapController:
                 wake = False
                 for records in batches.values():
                     for record in records:
-                        wake |= self._relevant(record.value)
+                        wake |= self._relevant(record.topic, record.value)
                 if wake or time.monotonic() - last >= self.reconcile_interval_s:
                     last = time.monotonic()
                     self._safely(self.reconcile)
@@ -346,7 +421,14 @@ class SwapController:
         except Exception:  # the controller must outlive any one bad reconcile; the next tick retries
             log.exception("reconcile of %s failed; serving on", self.model_name)
 
-    def _relevant(self, value: bytes) -> bool:
+    def _relevant(self, topic: str, value: bytes) -> bool:
+        """A decision about this model, or a new candidate of it (to stage): worth a reconcile now."""
+        if topic != self.topic:
+            try:
+                return CheckpointAnnouncement.model_validate_json(value).model_name == self.model_name
+            except ValidationError as exc:
+                log.warning("skipping a checkpoint announcement: %s", exc)
+                return False
         try:
             message = parse_message(value)
         except InvalidPromotionsMessage as exc:
@@ -370,10 +452,12 @@ def controller_from_settings(
         model_name=settings.model_name,
         bootstrap=settings.bootstrap,
         promotions_topic=settings.promotions_topic,
+        checkpoints_topic=settings.checkpoints_topic,
         work_dir=settings.swap_work_dir,
         reconcile_interval_s=settings.swap_reconcile_interval_s,
         canary_fraction=settings.canary_fraction,
         keep_previous=settings.swap_keep_previous,
         unload_grace_s=settings.swap_unload_grace_s,
+        stage_candidate=settings.swap_stage_candidate,
         metrics=metrics,
     )

@@ -5,6 +5,8 @@
   controller reads the registry as the gateway's does, through a helper process (RegistryWorker).
 - A checkpoint whose manifest has a wrong sha256, and one with NaN weights, are refused: the champion
   keeps serving and a swap-failed event (typed) appears on the promotions topic.
+- Staging: an announced candidate is downloaded and checked before its promotion, which then loads
+  that very folder; a candidate that fails a check is reported when announced, and never swapped in.
 - Canary: the candidate alias is loaded and a sticky share of sessions is routed to it; a reject stops it.
 """
 
@@ -30,7 +32,13 @@ from serving.promotions_contract import PromotionEvent, SwapFailedEvent, parse_m
 from serving.registry_worker import RegistryWorker
 from serving.swap import SwapController, VersionSource
 from serving.torch_engine import TorchEngine
-from tests.serving.checkpoints import corrupt_manifest_hash, nan_model, register, write_checkpoint
+from tests.serving.checkpoints import (
+    announce_candidate,
+    corrupt_manifest_hash,
+    nan_model,
+    register,
+    write_checkpoint,
+)
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=6)
 
@@ -66,7 +74,12 @@ def _setup(endpoints: Endpoints, dsn: str, topic: str, tmp: Path, engine: TorchE
 
 
 def _controller(
-    s: Setup, endpoints: Endpoints, tmp: Path, registry: VersionSource | None = None, **options: float
+    s: Setup,
+    endpoints: Endpoints,
+    tmp: Path,
+    registry: VersionSource | None = None,
+    checkpoints_topic: str | None = None,
+    **options: float,
 ) -> SwapController:
     return SwapController(
         s.engine,
@@ -74,6 +87,7 @@ def _controller(
         model_name=s.name,
         bootstrap=endpoints.kafka_bootstrap,
         promotions_topic=s.topic,
+        checkpoints_topic=checkpoints_topic,
         work_dir=tmp / "swap",
         reconcile_interval_s=options.get("reconcile_interval_s", 30.0),
         canary_fraction=options.get("canary_fraction", 0.0),
@@ -203,6 +217,62 @@ def test_bad_checksum_and_nan_weights_are_refused_and_reported(
     ]
     assert "sha256" in failed[0].error
     assert "NaN/Inf" in failed[1].error
+
+
+def test_an_announced_candidate_is_staged_and_its_promotion_loads_the_staged_folder(
+    endpoints: Endpoints, fresh_database: str, make_topic: Callable[..., str], tmp_path: Path, engine: TorchEngine
+) -> None:
+    s = _setup(endpoints, fresh_database, make_topic(), tmp_path, engine, count=3)  # v1 (champion), v2, v3
+    bad = write_checkpoint(tmp_path / "bad-hash", model_name=s.name, policy_version=3, seed=3)
+    corrupt_manifest_hash(tmp_path / "bad-hash", bad)
+    v_bad = register(endpoints.mlflow_url, tmp_path / "bad-hash", s.name)
+    checkpoints = make_topic()
+    controller = _controller(
+        s, endpoints, tmp_path, registry=RegistryWorker(endpoints.mlflow_url), checkpoints_topic=checkpoints
+    )
+    controller.start()
+
+    def announce(model_version: int, folder: Path) -> None:
+        announce_candidate(endpoints.mlflow_url, endpoints.kafka_bootstrap, checkpoints, folder, model_version)
+
+    def staged() -> int | None:
+        return controller.staged.model_version if controller.staged else None
+
+    try:
+        announce(2, tmp_path / "p1")
+        _wait(lambda: staged() == 2, "v2 staged")
+        first = controller.staged
+        assert first is not None
+        assert engine.loaded_versions == [0]  # staged: downloaded and checked, not loaded
+        assert first.manifest.policy_version == 1
+
+        announce(3, tmp_path / "p2")  # a newer candidate replaces it, and its folder goes
+        _wait(lambda: staged() == 3, "v3 staged")
+        assert not first.folder.exists()
+        second = controller.staged
+        assert second is not None
+
+        s.promoter.promote(3, actor="test", reason="passed")
+        _wait(lambda: engine.default_version == 2, "the swap to v3")
+        assert controller.champion is not None
+        assert controller.champion.folder == second.folder  # the staged folder, not a second download
+        assert controller.staged is None
+        assert engine.generate(["hello"], GREEDY)[0].policy_version == 2
+
+        announce(v_bad, tmp_path / "bad-hash")  # refused when announced, before anyone promotes it
+        _wait(lambda: v_bad in controller.refused, "the bad candidate refused")
+        assert controller.staged is None
+        s.promoter.promote(v_bad, actor="test", reason="promoted by mistake")
+        controller.reconcile()
+        assert engine.default_version == 2
+        assert engine.generate(["still serving?"], GREEDY)[0].policy_version == 2
+    finally:
+        controller.stop()
+    failed = [m for m in _messages(endpoints.kafka_bootstrap, s.topic) if isinstance(m, SwapFailedEvent)]
+    assert [(m.model_version, m.stage, m.role, m.serving_policy_version) for m in failed] == [
+        (v_bad, "verify", "candidate", 2)
+    ]
+    assert "sha256" in failed[0].error
 
 
 def test_canary_routes_a_sticky_share_of_sessions_to_the_candidate(
