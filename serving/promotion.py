@@ -281,13 +281,17 @@ class Promoter:
             raise PromotionError(f"removing {self.model_name}@{CANDIDATE} from v{version} failed: {exc}") from exc
 
     def _announce(self, event: PromotionEvent, statuses: list[tuple[int, str, str]]) -> None:
-        """Publish the decision, then tag each (version, status, reason); the tags are written even if
-        publishing failed (both are views of a decision already committed; the error still reaches the caller)."""
+        """Tag each (version, status, reason), then publish the decision; it is published even if tagging
+        failed (both are views of a decision already committed; the error still reaches the caller).
+
+        Tags first: the registry's work for them then comes before serving's swap (which the event
+        starts), not beside it, where on a small machine it would slow the requests of the swap.
+        """
         try:
-            self._publish(event)
-        finally:
             for version, status, reason in statuses:
                 self._tag(version, status, reason, event)
+        finally:
+            self._publish(event)
 
     def _tag(self, version: int, status: str, reason: str, event: PromotionEvent) -> None:
         decided = {
