@@ -2,12 +2,12 @@
 
 One decision is, in this order: a row in the PostgreSQL ``promotions`` table and the alias move in
 MLflow inside one transaction (the row is only committed once the alias moved; a failed move leaves
-no row), then a :class:`PromotionEvent` on the promotions topic (key = model name), then MLflow tags
-on the model versions. The event comes first because serving swaps on it; the tags (a view of the
-decision for the registry's UI: two per version, one request each) would delay every swap. The tags
-are written even if publishing failed, and either failure is raised. An
-advisory lock per model serialises concurrent deciders (the gate, two operators), so
-``from_version`` is always the champion the decision really replaced.
+no row), then MLflow tags on the model versions, then a :class:`PromotionEvent` on the promotions
+topic (key = model name). The tags (a view of the decision for the registry's UI: two per version,
+one request each) come before the event, on which serving swaps: written after it, the registry's
+work for them came beside the swap's requests. The event is published even if tagging failed, and
+either failure is raised. An advisory lock per model serialises concurrent deciders (the gate, two
+operators), so ``from_version`` is always the champion the decision really replaced.
 
 Rollback goes to the previous champion *from the history*, not to "the version before in number":
 the history is replayed as a stack (``promote`` pushes ``to_version``, ``rollback`` pops), so after
