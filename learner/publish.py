@@ -77,7 +77,14 @@ def publish_checkpoint(
     except MlflowException as exc:
         raise PublishError(f"setting {manifest.model_name}@{CANDIDATE} -> v{version} failed: {exc}") from exc
     _record_version(dsn, manifest, version)
-    announcement = CheckpointAnnouncement(
+    announcement = announcement_of(folder, manifest, version, run_id)
+    announce(bootstrap, checkpoints_topic, announcement)
+    return announcement
+
+
+def announcement_of(folder: Path, manifest: CheckpointManifest, version: int, run_id: str) -> CheckpointAnnouncement:
+    """The announcement of the checkpoint in ``folder`` (``manifest``), registered as ``version`` by ``run_id``."""
+    return CheckpointAnnouncement(
         checkpoint_id=manifest.checkpoint_id,
         policy_version=manifest.policy_version,
         parent_id=manifest.parent_id,
@@ -88,8 +95,6 @@ def publish_checkpoint(
         manifest_sha256=hashlib.sha256((folder / MANIFEST_FILE).read_bytes()).hexdigest(),
         announced_at=now_utc(),
     )
-    _announce(bootstrap, checkpoints_topic, announcement)
-    return announcement
 
 
 def register_base(folder: Path, *, mlflow_uri: str, dsn: str, actor: str = "liveloop learner init-base") -> int:
@@ -239,7 +244,8 @@ def _params(manifest: CheckpointManifest) -> dict[str, str]:
     }
 
 
-def _announce(bootstrap: str, topic: str, announcement: CheckpointAnnouncement) -> None:
+def announce(bootstrap: str, topic: str, announcement: CheckpointAnnouncement) -> None:
+    """Put ``announcement`` on the checkpoints ``topic``, keyed by checkpoint id; PublishError if it fails."""
     producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", retries=5)
     try:
         producer.send(

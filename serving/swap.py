@@ -236,25 +236,30 @@ class SwapController:
         self._drop_staged()
         if wanted is None or wanted in self.refused or self._known(wanted) is not None:
             return
-        folder = self._new_folder(wanted)
-        try:
-            files, manifest = self._fetch(wanted, folder)
-            self._check_identity(wanted, manifest)
-        except (RegistryError, OSError) as exc:
-            self._failed(wanted, "candidate", "download", str(exc), refuse=False)
-            shutil.rmtree(folder, ignore_errors=True)
-            return
-        except CheckpointRefused as exc:
-            self._failed(wanted, "candidate", "verify", str(exc), refuse=True)
-            shutil.rmtree(folder, ignore_errors=True)
-            return
-        self.staged = Staged(wanted, files, manifest, folder)
-        log.info("%s: staged candidate v%d (policy %d)", self.model_name, wanted, manifest.policy_version)
+        self.staged = staged = self._checked(wanted, "candidate", None)
+        if staged is not None:
+            log.info("%s: staged candidate v%d (policy %d)", self.model_name, wanted, staged.manifest.policy_version)
 
     def _drop_staged(self) -> None:
         if self.staged is not None:
             shutil.rmtree(self.staged.folder, ignore_errors=True)
             self.staged = None
+
+    def _checked(self, model_version: int, role: Role, staged: Staged | None) -> Staged | None:
+        """``staged``, or else a fresh download of the version, checked (files, and identity against what is
+        served now); None, reported (and the folder removed), if a step fails."""
+        folder = staged.folder if staged is not None else self._new_folder(model_version)
+        try:
+            files, manifest = (staged.files, staged.manifest) if staged else self._fetch(model_version, folder)
+            self._check_identity(model_version, manifest)
+        except (RegistryError, OSError) as exc:
+            self._failed(model_version, role, "download", str(exc), refuse=False)
+        except CheckpointRefused as exc:
+            self._failed(model_version, role, "verify", str(exc), refuse=True)
+        else:
+            return Staged(model_version, files, manifest, folder)
+        shutil.rmtree(folder, ignore_errors=True)
+        return None
 
     def _new_folder(self, model_version: int) -> Path:
         return self.work_dir / f"{self.model_name}-v{model_version}-{uuid.uuid4().hex[:8]}"
@@ -273,28 +278,20 @@ class SwapController:
         staged = self.staged if self.staged is not None and self.staged.model_version == model_version else None
         if staged is not None:
             self.staged = None  # the folder is the loaded version's from here on
-        folder = staged.folder if staged is not None else self._new_folder(model_version)
-        try:
-            files, manifest = (staged.files, staged.manifest) if staged else self._fetch(model_version, folder)
-            self._check_identity(model_version, manifest)
-        except (RegistryError, OSError) as exc:
-            self._failed(model_version, role, "download", str(exc), refuse=False)
-            shutil.rmtree(folder, ignore_errors=True)
+        ready = self._checked(model_version, role, staged)
+        if ready is None:
             return None
-        except CheckpointRefused as exc:
-            self._failed(model_version, role, "verify", str(exc), refuse=True)
-            shutil.rmtree(folder, ignore_errors=True)
-            return None
-        if manifest.policy_version in self.engine.loaded_versions:
+        policy_version = ready.manifest.policy_version
+        if policy_version in self.engine.loaded_versions:
             # Loaded before this controller knew of it (e.g. by the engine's own start-up): adopt it.
-            return Loaded(model_version, manifest.policy_version, folder)
+            return Loaded(model_version, policy_version, ready.folder)
         try:
-            self.engine.load(files, manifest.policy_version)
+            self.engine.load(ready.files, policy_version)
         except (EngineError, ServingError, OSError, ValueError, RuntimeError) as exc:
             self._failed(model_version, role, "load", str(exc), refuse=True)
-            shutil.rmtree(folder, ignore_errors=True)
+            shutil.rmtree(ready.folder, ignore_errors=True)
             return None
-        return Loaded(model_version, manifest.policy_version, folder)
+        return Loaded(model_version, policy_version, ready.folder)
 
     def _fetch(self, model_version: int, folder: Path) -> tuple[Path, CheckpointManifest]:
         """Download a version into ``folder`` and check it: in the registry helper when there is one (the

@@ -6,26 +6,16 @@ and deliberately does not verify the folder, so that tests can register broken c
 
 from __future__ import annotations
 
-import hashlib
 import uuid
 from pathlib import Path
 from typing import Any
 
 import torch
-from kafka import KafkaProducer
 from mlflow import MlflowClient
 
 from infra.registry import CANDIDATE, Registry
-from learner.manifest import (
-    MANIFEST_FILE,
-    CheckpointAnnouncement,
-    CheckpointManifest,
-    config_hash,
-    hash_folder,
-    now_utc,
-    read_manifest,
-    write_manifest,
-)
+from learner.manifest import CheckpointManifest, config_hash, hash_folder, now_utc, read_manifest, write_manifest
+from learner.publish import announce, announcement_of
 from learner.tiny_model import TinyModelSpec, build_tiny_model, byte_tokenizer
 
 
@@ -90,25 +80,9 @@ def register(mlflow_uri: str, folder: Path, model_name: str) -> int:
 
 def announce_candidate(mlflow_uri: str, bootstrap: str, topic: str, folder: Path, model_version: int) -> None:
     """What the learner does once it registered ``folder`` as ``model_version``: point the ``candidate``
-    alias at it, then announce it on the checkpoints ``topic`` (as ``learner.publish`` does)."""
+    alias at it, then announce it on the checkpoints ``topic`` (``learner.publish``)."""
     manifest = read_manifest(folder)
     registry = Registry(mlflow_uri)
     registry.set_alias(manifest.model_name, CANDIDATE, model_version)
     run_id = registry.client.get_model_version(manifest.model_name, str(model_version)).run_id
-    announcement = CheckpointAnnouncement(
-        checkpoint_id=manifest.checkpoint_id,
-        policy_version=manifest.policy_version,
-        parent_id=manifest.parent_id,
-        model_name=manifest.model_name,
-        model_version=model_version,
-        run_id=run_id,
-        sample_count=manifest.sample_count,
-        manifest_sha256=hashlib.sha256((folder / MANIFEST_FILE).read_bytes()).hexdigest(),
-        announced_at=now_utc(),
-    )
-    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all")
-    try:
-        value = announcement.model_dump_json().encode()
-        producer.send(topic, key=manifest.checkpoint_id.encode(), value=value).get(timeout=30)
-    finally:
-        producer.close(timeout=10)
+    announce(bootstrap, topic, announcement_of(folder, manifest, model_version, run_id))
