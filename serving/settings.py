@@ -175,8 +175,8 @@ class ServingSettings(LiveloopSettings):
     )
     swap_stage_candidate: bool = Field(
         default=True,
-        description="Download and check the candidate while it is evaluated, so that its promotion is a load and a "
-        "switch (ignored with a canary, which loads it).",
+        description="Download, check and load (not serve) the candidate while it is evaluated, so that its promotion "
+        "is a switch; costs one more version in memory (ignored with a canary, which loads it anyway).",
     )
     swap_unload_grace_s: float = Field(
         default=5.0,

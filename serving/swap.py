@@ -20,11 +20,15 @@ other version is unloaded once ``unload_grace_s`` has passed, so that a request 
 before the switch (e.g. by the canary router) still finds it loaded; the engine's ``unload`` then
 waits for requests still running on it.
 
-Staging: the ``candidate`` alias (the learner's newest checkpoint, under evaluation) is downloaded and
-checked ahead of its promotion (``stage_candidate``, default on), when the learner announces it on the
-checkpoints topic and at every reconcile. Its promotion then loads the checked folder: no download,
-and none of the download's work (the registry's, the hashing) beside the requests of the swap. A
-candidate refused by a check is reported (role ``candidate``) before anyone promotes it.
+Staging: the ``candidate`` alias (the learner's newest checkpoint, under evaluation) is downloaded,
+checked and loaded beside the champion, not served, ahead of its promotion (``stage_candidate``,
+default on), when the learner announces it on the checkpoints topic and at every reconcile. Its
+promotion is then a switch: none of the download's work (the registry's, the hashing) nor the load's
+(which stalls the engine's running requests for a few ms) comes beside the requests of the swap. The
+cost is memory: one more version loaded while a candidate waits (the vLLM engine only notes a full-weights
+folder until its switch). A newer candidate replaces the staged one, which is unloaded at once: no
+request runs on it. A candidate refused by a check or by the engine is reported (role ``candidate``)
+before anyone promotes it.
 
 Canary: with ``canary_fraction > 0`` the controller instead loads the ``candidate`` (when it is
 neither the champion nor refused) and hands its policy version to the :class:`CanaryRouter`.
@@ -78,16 +82,6 @@ class VersionSource(Protocol):
 
 
 @dataclass(frozen=True)
-class Staged:
-    """A model version downloaded and checked ahead of its promotion, not yet loaded in the engine."""
-
-    model_version: int
-    files: Path
-    manifest: CheckpointManifest
-    folder: Path
-
-
-@dataclass(frozen=True)
 class Loaded:
     """A model version loaded in the engine, with the policy version the engine knows it by."""
 
@@ -133,7 +127,7 @@ class SwapController:
         self.champion: Loaded | None = None
         self.previous: Loaded | None = None
         self.canary: Loaded | None = None
-        self.staged: Staged | None = None
+        self.staged: Loaded | None = None  # the candidate, loaded and not served (see Staging)
         self.refused: set[int] = set()
         self._retiring: dict[int, tuple[float, Loaded]] = {}  # policy version -> (since, what)
         self._lock = threading.RLock()
@@ -221,10 +215,10 @@ class SwapController:
             self._retire(old)
 
     def _stage_candidate(self) -> None:
-        """Download and check the ``candidate`` ahead of its promotion, so that its swap is a load and a switch.
+        """Download, check and load the ``candidate`` ahead of its promotion, so that its swap is a switch.
 
         The candidate waits for its evaluation for minutes; its promotion should not wait for a download
-        too, nor put the download's work (the registry's, the hashing) beside the requests of the swap.
+        and a load too, nor put their work beside the requests of the swap.
         """
         try:
             wanted = self._alias(CANDIDATE)
@@ -236,36 +230,29 @@ class SwapController:
         self._drop_staged()
         if wanted is None or wanted in self.refused or self._known(wanted) is not None:
             return
-        self.staged = staged = self._checked(wanted, "candidate", None)
+        self.staged = staged = self._ensure_loaded(wanted, "candidate")
         if staged is not None:
-            log.info("%s: staged candidate v%d (policy %d)", self.model_name, wanted, staged.manifest.policy_version)
+            log.info("%s: staged candidate v%d (policy %d)", self.model_name, wanted, staged.policy_version)
 
     def _drop_staged(self) -> None:
-        if self.staged is not None:
-            shutil.rmtree(self.staged.folder, ignore_errors=True)
-            self.staged = None
-
-    def _checked(self, model_version: int, role: Role, staged: Staged | None) -> Staged | None:
-        """``staged``, or else a fresh download of the version, checked (files, and identity against what is
-        served now); None, reported (and the folder removed), if a step fails."""
-        folder = staged.folder if staged is not None else self._new_folder(model_version)
-        try:
-            files, manifest = (staged.files, staged.manifest) if staged else self._fetch(model_version, folder)
-            self._check_identity(model_version, manifest)
-        except (RegistryError, OSError) as exc:
-            self._failed(model_version, role, "download", str(exc), refuse=False)
-        except CheckpointRefused as exc:
-            self._failed(model_version, role, "verify", str(exc), refuse=True)
-        else:
-            return Staged(model_version, files, manifest, folder)
-        shutil.rmtree(folder, ignore_errors=True)
-        return None
+        """Unload the staged candidate now: outside a canary no request is routed to it."""
+        staged, self.staged = self.staged, None
+        if staged is not None:
+            with contextlib.suppress(EngineError, ServingError):
+                self.engine.unload(staged.policy_version)
+            shutil.rmtree(staged.folder, ignore_errors=True)
 
     def _new_folder(self, model_version: int) -> Path:
         return self.work_dir / f"{self.model_name}-v{model_version}-{uuid.uuid4().hex[:8]}"
 
     def _known(self, model_version: int) -> Loaded | None:
-        for item in (self.champion, self.previous, self.canary, *(entry[1] for entry in self._retiring.values())):
+        for item in (
+            self.champion,
+            self.previous,
+            self.canary,
+            self.staged,
+            *(entry[1] for entry in self._retiring.values()),
+        ):
             if item is not None and item.model_version == model_version:
                 return item
         return None
@@ -274,24 +261,34 @@ class SwapController:
         known = self._known(model_version)
         if known is not None and known.policy_version in self.engine.loaded_versions:
             self._retiring.pop(known.policy_version, None)
+            if known is self.staged:
+                self.staged = None  # it serves in its role from here on
             return known
-        staged = self.staged if self.staged is not None and self.staged.model_version == model_version else None
-        if staged is not None:
-            self.staged = None  # the folder is the loaded version's from here on
-        ready = self._checked(model_version, role, staged)
-        if ready is None:
-            return None
-        policy_version = ready.manifest.policy_version
-        if policy_version in self.engine.loaded_versions:
-            # Loaded before this controller knew of it (e.g. by the engine's own start-up): adopt it.
-            return Loaded(model_version, policy_version, ready.folder)
+        folder = self._new_folder(model_version)
+        loaded = None
         try:
-            self.engine.load(ready.files, policy_version)
+            files, manifest = self._fetch(model_version, folder)
+            self._check_identity(model_version, manifest)
+        except (RegistryError, OSError) as exc:
+            self._failed(model_version, role, "download", str(exc), refuse=False)
+        except CheckpointRefused as exc:
+            self._failed(model_version, role, "verify", str(exc), refuse=True)
+        else:
+            loaded = self._load(Loaded(model_version, manifest.policy_version, folder), files, role)
+        if loaded is None:
+            shutil.rmtree(folder, ignore_errors=True)
+        return loaded
+
+    def _load(self, version: Loaded, files: Path, role: Role) -> Loaded | None:
+        """``version`` once the engine has loaded ``files`` as its policy version; None, reported, if it cannot."""
+        if version.policy_version in self.engine.loaded_versions:
+            return version  # loaded before this controller knew of it (e.g. by the engine's own start-up): adopt it
+        try:
+            self.engine.load(files, version.policy_version)
         except (EngineError, ServingError, OSError, ValueError, RuntimeError) as exc:
-            self._failed(model_version, role, "load", str(exc), refuse=True)
-            shutil.rmtree(ready.folder, ignore_errors=True)
+            self._failed(version.model_version, role, "load", str(exc), refuse=True)
             return None
-        return Loaded(model_version, policy_version, ready.folder)
+        return version
 
     def _fetch(self, model_version: int, folder: Path) -> tuple[Path, CheckpointManifest]:
         """Download a version into ``folder`` and check it: in the registry helper when there is one (the
@@ -307,7 +304,9 @@ class SwapController:
             raise CheckpointRefused(
                 f"v{model_version} holds a checkpoint of {manifest.model_name}, not {self.model_name}", "verify"
             )
-        clash = [v for v in (self.champion, self.canary) if v and v.policy_version == manifest.policy_version]
+        clash = [
+            v for v in (self.champion, self.canary, self.staged) if v and v.policy_version == manifest.policy_version
+        ]
         if clash:
             raise CheckpointRefused(
                 f"v{model_version} has policy version {manifest.policy_version}, "
@@ -341,7 +340,7 @@ class SwapController:
         self._retiring[item.policy_version] = (time.monotonic(), item)
 
     def _unload_retired(self) -> None:
-        keep = {v.policy_version for v in (self.champion, self.previous, self.canary) if v is not None}
+        keep = {v.policy_version for v in (self.champion, self.previous, self.canary, self.staged) if v is not None}
         now = time.monotonic()
         for version, (since, item) in list(self._retiring.items()):
             if version in keep:

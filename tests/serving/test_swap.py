@@ -5,8 +5,8 @@
   controller reads the registry as the gateway's does, through a helper process (RegistryWorker).
 - A checkpoint whose manifest has a wrong sha256, and one with NaN weights, are refused: the champion
   keeps serving and a swap-failed event (typed) appears on the promotions topic.
-- Staging: an announced candidate is downloaded and checked before its promotion, which then loads
-  that very folder; a candidate that fails a check is reported when announced, and never swapped in.
+- Staging: an announced candidate is downloaded, checked and loaded (not served) before its promotion,
+  which is then a switch; a candidate that fails a check is reported when announced, and never swapped in.
 - Canary: the candidate alias is loaded and a sticky share of sessions is routed to it; a reject stops it.
 """
 
@@ -219,7 +219,7 @@ def test_bad_checksum_and_nan_weights_are_refused_and_reported(
     assert "NaN/Inf" in failed[1].error
 
 
-def test_an_announced_candidate_is_staged_and_its_promotion_loads_the_staged_folder(
+def test_an_announced_candidate_is_loaded_unserved_and_its_promotion_is_a_switch(
     endpoints: Endpoints, fresh_database: str, make_topic: Callable[..., str], tmp_path: Path, engine: TorchEngine
 ) -> None:
     s = _setup(endpoints, fresh_database, make_topic(), tmp_path, engine, count=3)  # v1 (champion), v2, v3
@@ -243,19 +243,23 @@ def test_an_announced_candidate_is_staged_and_its_promotion_loads_the_staged_fol
         _wait(lambda: staged() == 2, "v2 staged")
         first = controller.staged
         assert first is not None
-        assert engine.loaded_versions == [0]  # staged: downloaded and checked, not loaded
-        assert first.manifest.policy_version == 1
+        assert first.policy_version == 1
+        assert engine.loaded_versions == [0, 1]  # staged: loaded beside the champion
+        assert engine.default_version == 0  # and not served
+        assert engine.generate(["hello"], GREEDY)[0].policy_version == 0
 
-        announce(3, tmp_path / "p2")  # a newer candidate replaces it, and its folder goes
+        announce(3, tmp_path / "p2")  # a newer candidate replaces it: unloaded, and its folder goes
         _wait(lambda: staged() == 3, "v3 staged")
         assert not first.folder.exists()
+        assert engine.loaded_versions == [0, 2]
         second = controller.staged
         assert second is not None
 
         s.promoter.promote(3, actor="test", reason="passed")
         _wait(lambda: engine.default_version == 2, "the swap to v3")
         assert controller.champion is not None
-        assert controller.champion.folder == second.folder  # the staged folder, not a second download
+        assert controller.champion is second  # the staged version: a switch, no second download or load
+        assert second.folder.exists()
         assert controller.staged is None
         assert engine.generate(["hello"], GREEDY)[0].policy_version == 2
 
