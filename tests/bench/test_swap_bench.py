@@ -6,19 +6,25 @@ calls made by a helper process (``serving.registry_worker``). Promotions come fr
 session of its own, as they come from the gate or the ops service that ``liveloop up`` starts
 (``PROMOTER``).
 
-Two clients call the engine without pause while the champion is promoted five times; between the
-promotions come equally long steady windows without any swap. Each promoted version comes as the
+Two clients call the engine without pause while the champion is promoted eight times; before each
+promotion comes a steady window without any swap. Each promoted version comes as the
 learner's do: announced as the candidate first, which the controller stages (downloads and checks)
 while it waits for its evaluation; the bench waits for the staging before the steady window.
 
-- ``swap_time``: seconds from the promotion (``Promoter.promote``: history row, alias move, tags,
-  event) to the first response served by the new version, median of the five. Baseline: ``engine.load`` +
-  ``switch`` of a folder already on disk (what a swap costs without registry, download and event).
-  Goal: under 5 s (``{"seconds_at_most": 5}``).
-- ``swap_p99_latency``: p99 request latency of requests that overlapped a swap (promotion until 1 s
-  after the switch) against the p99 of the steady windows, which alternate with the swaps. Goal:
-  at most 1.2 times (``{"ratio_at_most": 1.2}``). Also recorded: the p99 of the requests that
-  overlapped a staging (announcement until staged), and the staging times.
+A swap starts at the promotion event, as the issue times it: the decision before it (the history row,
+the alias move, the MLflow tags) is the deciding service's work. That work shares this machine's two
+cores with serving (on a real deployment the registry and the database run elsewhere), so the p99 of
+the requests that overlapped a whole decision and its swap is recorded too.
+
+- ``swap_time``: seconds from the promotion event to the first response served by the new version,
+  median of the eight. Baseline: ``engine.load`` + ``switch`` of a folder already on disk (what a swap
+  costs without registry, download and event). Goal: under 5 s (``{"seconds_at_most": 5}``). Also
+  recorded: the seconds from the start of each decision (``Promoter.promote``) instead.
+- ``swap_p99_latency``: p99 request latency of requests that overlapped a swap (promotion event until
+  1 s after the first response on the new version) against the p99 of the steady windows, which
+  alternate with the swaps. Goal: at most 1.2 times (``{"ratio_at_most": 1.2}``). Also recorded: the
+  p99 of the requests that overlapped a decision and its swap, the p99 of those that overlapped a
+  staging (announcement until staged: download, checks, load beside the champion), the staging times.
 Never asserts on time.
 """
 
@@ -44,22 +50,25 @@ from serving.swap import SwapController
 from tests.bench.results import write_result
 from tests.serving.checkpoints import announce_candidate, register, write_checkpoint
 
-SWAPS = 5
+SWAPS = 8
 STEADY_S = 3.0
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8)
 
-# Promotes each model version read from stdin; answers a line when done.
+# Promotes each model version read from stdin; answers "promoted T", T the monotonic clock (one clock for
+# every process of the machine) when the promotion event was handed to the producer.
 PROMOTER = """
-import sys
+import sys, time
 from infra.registry import Registry
 from serving.promotion import Promoter
 
 url, dsn, bootstrap, topic, name = sys.argv[1:]
 promoter = Promoter(registry=Registry(url), dsn=dsn, bootstrap=bootstrap, topic=topic, model_name=name)
+publish, published = promoter._publish, []
+promoter._publish = lambda event: (published.append(time.monotonic()), publish(event))[1]
 print("ready", flush=True)
 for line in sys.stdin:
     promoter.promote(int(line), actor="bench", reason="bench")
-    print("promoted", flush=True)
+    print("promoted", published[-1], flush=True)
 """
 
 
@@ -95,7 +104,7 @@ def test_swap_bench(endpoints: Endpoints, fresh_database: str, make_topic: Calla
     # decision before (its connections are open) when the measured ones come.
     promoter.stdin.write("1\n")
     promoter.stdin.flush()
-    assert promoter.stdout.readline().strip() == "promoted"
+    assert promoter.stdout.readline().startswith("promoted")
     engine = EngineProcess(device="cpu", max_batch=8, batch_wait_ms=1.0, torch_threads=ServingSettings().torch_threads)
     controller = SwapController(
         engine,
@@ -121,11 +130,13 @@ def test_swap_bench(endpoints: Endpoints, fresh_database: str, make_topic: Calla
     for thread in threads:
         thread.start()
     swap_times: list[float] = []
+    decision_times: list[float] = []
     baselines: list[float] = []
     stage_times: list[float] = []
     staging: list[tuple[float, float]] = []
     steady: list[tuple[float, float]] = []
     swapping: list[tuple[float, float]] = []
+    deciding: list[tuple[float, float]] = []
     try:
         for model_version in range(2, SWAPS + 2):
             policy = versions[model_version]
@@ -147,10 +158,14 @@ def test_swap_bench(endpoints: Endpoints, fresh_database: str, make_topic: Calla
             while not any(v == policy and end >= began for _, end, v in done[-50:]):
                 time.sleep(0.005)
             first = min(end for _, end, v in done if v == policy and end >= began)
-            assert promoter.stdout.readline().strip() == "promoted"
-            swap_times.append(first - began)
+            answer, published = promoter.stdout.readline().split()
+            assert answer == "promoted"
+            event = float(published)
+            swap_times.append(first - event)
+            decision_times.append(first - began)
             time.sleep(1.0)
-            swapping.append((began, time.monotonic()))
+            swapping.append((event, time.monotonic()))
+            deciding.append((began, time.monotonic()))
             # Baseline, in the same loop: load + switch of a folder already on disk, no registry or event.
             time.sleep(0.1)  # the window's last requests end before it: its load is not a swap's
             extra = 100 + model_version
@@ -172,6 +187,7 @@ def test_swap_bench(endpoints: Endpoints, fresh_database: str, make_topic: Calla
         return [e - s for s, e, _ in done if any(s <= hi and e >= lo for lo, hi in windows)]
 
     during, calm, staged = latencies(swapping), latencies(steady), latencies(staging)
+    decided = latencies(deciding)
     write_result(
         "swap_time",
         "s",
@@ -180,7 +196,12 @@ def test_swap_bench(endpoints: Endpoints, fresh_database: str, make_topic: Calla
         statistics.median(baselines),
         None,
         SWAPS,
-        extra={"goal": {"seconds_at_most": 5.0}, "swap_times_s": swap_times, "stage_times_s": stage_times},
+        extra={
+            "goal": {"seconds_at_most": 5.0},
+            "swap_times_s": swap_times,
+            "decision_to_first_response_s": decision_times,
+            "stage_times_s": stage_times,
+        },
     )
     write_result(
         "swap_p99_latency",
@@ -196,6 +217,9 @@ def test_swap_bench(endpoints: Endpoints, fresh_database: str, make_topic: Calla
             "requests_steady": len(calm),
             "median_during_ms": statistics.median(during) * 1000,
             "median_steady_ms": statistics.median(calm) * 1000,
+            "p99_during_decisions_and_swaps_ms": _p99(decided) * 1000,
+            "ratio_during_decisions_and_swaps": _p99(decided) / _p99(calm),
+            "requests_during_decisions_and_swaps": len(decided),
             "p99_during_staging_ms": _p99(staged) * 1000,
             "requests_during_staging": len(staged),
         },
