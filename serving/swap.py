@@ -237,10 +237,14 @@ class SwapController:
     def _drop_staged(self) -> None:
         """Unload the staged candidate now: outside a canary no request is routed to it."""
         staged, self.staged = self.staged, None
-        if staged is not None:
+        if staged is None:
+            return
+        # Its policy version may be another role's too, if the registry holds one checkpoint twice (adopted).
+        in_use = {v.policy_version for v in (self.champion, self.previous, self.canary) if v is not None}
+        if staged.policy_version not in in_use:
             with contextlib.suppress(EngineError, ServingError):
                 self.engine.unload(staged.policy_version)
-            shutil.rmtree(staged.folder, ignore_errors=True)
+        shutil.rmtree(staged.folder, ignore_errors=True)
 
     def _new_folder(self, model_version: int) -> Path:
         return self.work_dir / f"{self.model_name}-v{model_version}-{uuid.uuid4().hex[:8]}"
