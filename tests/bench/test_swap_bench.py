@@ -8,8 +8,9 @@ session of its own, as they come from the gate or the ops service that ``liveloo
 
 Two clients call the engine without pause while the champion is promoted eight times; before each
 promotion comes a steady window without any swap. Each promoted version comes as the
-learner's do: announced as the candidate first, which the controller stages (downloads and checks)
-while it waits for its evaluation; the bench waits for the staging before the steady window.
+learner's do: announced as the candidate first, which the controller stages (downloads, checks and
+loads beside the champion, not served) while it waits for its evaluation; the bench waits for the
+staging before the steady window.
 
 A swap starts at the promotion event, as the issue times it: the decision before it (the history row,
 the alias move, the MLflow tags) is the deciding service's work. That work shares this machine's two
