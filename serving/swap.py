@@ -240,8 +240,7 @@ class SwapController:
         if staged is None:
             return
         # Its policy version may be another role's too, if the registry holds one checkpoint twice (adopted).
-        in_use = {v.policy_version for v in (self.champion, self.previous, self.canary) if v is not None}
-        if staged.policy_version not in in_use:
+        if staged.policy_version not in {v.policy_version for v in self._roles()}:
             with contextlib.suppress(EngineError, ServingError):
                 self.engine.unload(staged.policy_version)
         shutil.rmtree(staged.folder, ignore_errors=True)
@@ -249,15 +248,13 @@ class SwapController:
     def _new_folder(self, model_version: int) -> Path:
         return self.work_dir / f"{self.model_name}-v{model_version}-{uuid.uuid4().hex[:8]}"
 
+    def _roles(self) -> list[Loaded]:
+        """The versions held in a role now: champion, previous, canary, staged candidate."""
+        return [v for v in (self.champion, self.previous, self.canary, self.staged) if v is not None]
+
     def _known(self, model_version: int) -> Loaded | None:
-        for item in (
-            self.champion,
-            self.previous,
-            self.canary,
-            self.staged,
-            *(entry[1] for entry in self._retiring.values()),
-        ):
-            if item is not None and item.model_version == model_version:
+        for item in (*self._roles(), *(entry[1] for entry in self._retiring.values())):
+            if item.model_version == model_version:
                 return item
         return None
 
@@ -344,7 +341,7 @@ class SwapController:
         self._retiring[item.policy_version] = (time.monotonic(), item)
 
     def _unload_retired(self) -> None:
-        keep = {v.policy_version for v in (self.champion, self.previous, self.canary, self.staged) if v is not None}
+        keep = {v.policy_version for v in self._roles()}
         now = time.monotonic()
         for version, (since, item) in list(self._retiring.items()):
             if version in keep:
