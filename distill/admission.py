@@ -4,15 +4,44 @@ The admit stage sees every scored sample once more (a repeat after a restart, to
 :class:`UserAdmissions` is the value of its table: the user's sliding window
 (:func:`distill.guards.admit_user`) and the ids of the samples it admitted lately, so that a repeat
 is passed on again without spending the user's cap twice.
+
+The stage reads of each sample only what the cap needs (:class:`ScoredSample`); the sample itself
+passes on as the JSON that ``sessionize`` wrote from a validated :class:`distill.samples.Sample`.
 """
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from datetime import datetime
+from typing import Protocol
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 from distill.guards import UserWindow, admit_user
-from distill.samples import Sample
 from distill.spec import Guards
+
+
+class Admissible(Protocol):
+    """What the per-user cap reads of a sample (a :class:`distill.samples.Sample` has it too)."""
+
+    @property
+    def sample_id(self) -> str: ...
+
+    @property
+    def generated_at(self) -> datetime: ...
+
+
+class ScoredSample(BaseModel):
+    """The fields of a scored sample's JSON that the admit stage reads; the others are left unread.
+
+    The scored topic is the distiller's own: its samples were validated when ``sessionize`` built them,
+    and validating each again in full cost the admit stage more than the cap itself.
+    """
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    sample_id: str
+    user_id: str
+    generated_at: AwareDatetime
 
 
 class UserAdmissions(BaseModel):
@@ -23,7 +52,7 @@ class UserAdmissions(BaseModel):
     window: UserWindow | None = None
     admitted_ids: list[str] = Field(default_factory=list, description="The newest admitted sample ids, oldest first.")
 
-    def admit(self, sample: Sample, guards: Guards) -> bool:
+    def admit(self, sample: Admissible, guards: Guards) -> bool:
         """Whether the sample goes on to the samples topic; updates the state.
 
         A sample admitted before (published again from an outbox after a start) is passed on again

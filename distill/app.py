@@ -13,6 +13,7 @@ without waiting for each acknowledgement.
 2. ``admit`` reads that topic and applies the per-user cap (a table keyed by user, so the cap holds
    across every session of the user), then publishes admitted samples to the samples topic and
    stores them with their lineage in PostgreSQL (the audit store), batch by batch (``distill.sink``).
+   A batch is stored while the next is admitted, and its records are acknowledged once it is stored.
 
 Delivery is at least once, without waiting for each acknowledgement: Faust flushes the producer
 before it commits any offset, so a crash re-reads whatever was not committed. What a re-read cannot
@@ -23,6 +24,7 @@ outbox, published again before the first batch after a start. Repeats carry the 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from datetime import UTC, datetime
@@ -32,11 +34,11 @@ import faust
 import mode
 
 from distill import tuning
-from distill.admission import UserAdmissions
+from distill.admission import ScoredSample, UserAdmissions
 from distill.batch import TableBatch
 from distill.deadlines import DeadlineIndex
 from distill.metrics import METRICS, render
-from distill.samples import Sample, parse_sample
+from distill.samples import parse_sample
 from distill.scored import ScoredRecords, partition_of, samples_of
 from distill.sessions import Outcome, SessionState, apply_event, apply_tick, expired, settle_outbox
 from distill.settings import DistillSettings
@@ -230,30 +232,53 @@ def build_app(settings: DistillSettings, spec: RewardSpec | None = None) -> faus
         for partition in range(settings.partitions):
             await ticks.send(value=stamp, partition=partition)
 
+    async def store(stream: Any, events: list[Any], admitted: list[bytes]) -> None:
+        """Write a batch's admitted samples to the audit store, then acknowledge the batch's records."""
+        await sink.write_sample_json(admitted)
+        METRICS.samples_published.inc(len(admitted))
+        for event in events:
+            await stream.ack(event)
+
+    failures: set[asyncio.Task[None]] = set()
+
+    def crash_if_failed(write: asyncio.Future[None]) -> None:
+        """A write that failed ends the worker even when no later batch comes to find it out."""
+        if not write.cancelled() and (error := write.exception()) is not None:
+            crash = asyncio.ensure_future(app.crash(error))
+            failures.add(crash)  # held until done: the loop keeps only a weak reference to a task
+            crash.add_done_callback(failures.discard)
+
     @app.agent(scored)
     async def admit(stream: Any) -> None:
         await sink.record_spec(spec)
-        async for events in stream.take_events(batch_size, within=within):
+        # A batch is written to PostgreSQL while the next one is admitted: waiting for each write held
+        # every sample behind the one before it. Its records are acknowledged only once it is stored
+        # (Faust commits no offset past a record not acknowledged), and one write runs at a time, so
+        # acknowledgements keep offset order; a crash re-reads whatever was not stored.
+        storing: asyncio.Future[None] | None = None
+        async for events in stream.noack_take(batch_size, within=within):
             batch = TableBatch(users, UserAdmissions.load, UserAdmissions.dump)
-            admitted: list[Sample] = []
+            admitted: list[bytes] = []
             for event in events:
                 # One record holds samples of users of its partition (distill.scored), so the record's
                 # partition is each user's.
                 for sample_json in samples_of(event.value):
-                    sample = parse_sample(sample_json)
+                    sample = ScoredSample.model_validate_json(sample_json)
                     if batch.get(sample.user_id.encode(), event).admit(sample, spec.guards):
                         # No wait for the acknowledgement: Faust flushes the producer before it commits the
                         # offset of this record, so a crash re-reads the record and publishes the sample again.
                         await send(settings.samples_topic, sample.sample_id.encode(), sample_json)
-                        admitted.append(sample)
+                        admitted.append(sample_json)
                     else:
                         METRICS.user_capped.inc()
-            # The audit store gets what the samples topic gets, in the same batch: a crash before the
-            # batch's offsets are committed re-admits it (repeats pass the cap again, and the database
-            # keeps one row per sample id), so neither can miss a sample the other has for long.
-            await sink.write_samples(admitted)
-            METRICS.samples_published.inc(len(admitted))
+            # The audit store gets what the samples topic gets: a crash before the batch is stored and its
+            # offsets committed re-admits it (repeats pass the cap again, and the database keeps one row per
+            # sample id), so neither can miss a sample the other has for long.
             batch.write()
+            if storing is not None:
+                await storing  # the batch before: a failed write ends the agent here (or in crash_if_failed)
+            storing = asyncio.ensure_future(store(stream, events, admitted))
+            storing.add_done_callback(crash_if_failed)
 
     @app.page("/healthz")
     async def healthz(web: Any, request: Any) -> Any:

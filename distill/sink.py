@@ -94,7 +94,12 @@ class AuditSink:
         await self._retrying("the reward spec", write)
 
     async def write_samples(self, samples: Sequence[Sample]) -> None:
-        """Store samples and their source events in one transaction.
+        """Store samples and their source events in one transaction (see :meth:`write_sample_json`)."""
+        await self.write_sample_json([sample_to_json(sample) for sample in samples])
+
+    async def write_sample_json(self, samples: Sequence[bytes]) -> None:
+        """Store samples, each given as its JSON (:func:`distill.samples.sample_to_json` of a valid sample),
+        and their source events, in one transaction.
 
         The samples go to PostgreSQL as one JSON array, which each statement takes apart (a sample's
         body is its JSON, so every column is a field of it): two statements per batch, and no binding
@@ -102,7 +107,7 @@ class AuditSink:
         """
         if not samples:
             return
-        batch = (b"[" + b",".join(sample_to_json(s) for s in samples) + b"]").decode()
+        batch = (b"[" + b",".join(samples) + b"]").decode()
 
         async def write() -> None:
             pool = await self._open()

@@ -236,6 +236,7 @@ class StreamHarness:
             "DATA_DIR": str(s.data_dir),
             "WEB_PORT": str(s.web_port),
             "TICK_INTERVAL_S": str(s.tick_interval_s),
+            "AUDIT_RETRY_S": str(s.audit_retry_s),
         }
         if self.spec_path is not None:
             values["SPEC_PATH"] = str(self.spec_path)

@@ -12,19 +12,21 @@ import contextlib
 import socket
 import subprocess
 import sys
+import threading
 import uuid
+from datetime import UTC, datetime
 from pathlib import Path
 
 import psycopg
 import pytest
 
 from distill.errors import AuditStoreUnavailable
-from distill.samples import Sample, sample_id_for
+from distill.samples import Sample, parse_sample, sample_id_for
 from distill.sink import AuditSink
 from distill.spec import load_spec
 from infra.migrations import migrate
 from infra.stack import Endpoints
-from tests.distill.stream_harness import StreamHarness
+from tests.distill.stream_harness import StreamHarness, simple_session
 from tests.learner.sample_factory import make_sample
 
 
@@ -68,6 +70,29 @@ class Relay:
         ):
             self._pipes.add(task)
             task.add_done_callback(self._pipes.discard)
+
+
+class ThreadedRelay:
+    """A :class:`Relay` served by an event loop of its own, in a thread: for a test that waits on a worker process."""
+
+    def __init__(self, target_host: str, target_port: int) -> None:
+        self.relay = Relay(target_host, target_port)
+        self.port = self.relay.port
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._thread.start()
+
+    def open(self) -> None:
+        asyncio.run_coroutine_threadsafe(self.relay.open(), self._loop).result(timeout=30)
+
+    def close(self) -> None:
+        asyncio.run_coroutine_threadsafe(self.relay.close(), self._loop).result(timeout=30)
+
+    def stop(self) -> None:
+        self.close()
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=30)
+        self._loop.close()
 
 
 def _relayed(dsn: str, port: int) -> tuple[str, str, int]:
@@ -158,3 +183,38 @@ def test_a_distiller_whose_database_stays_away_exits_for_its_keeper(
                 worker.wait()
     assert code != 0, (tmp_path / "worker.log").read_text()[-3000:]
     assert "AuditStoreUnavailable" in (tmp_path / "worker.log").read_text()
+
+
+def test_a_batch_whose_write_fails_ends_the_worker_even_when_no_batch_follows(
+    endpoints: Endpoints, fresh_database: str, tmp_path: Path
+) -> None:
+    """The admit stage stores a batch while it admits the next. A write that fails must still end the
+    worker when no later batch comes to find it out, and the next worker stores what it could not."""
+    info = psycopg.conninfo.conninfo_to_dict(fresh_database)
+    relay = ThreadedRelay(str(info.get("host", "127.0.0.1")), int(info.get("port", 5432)))
+    relay.open()
+    dsn, _, _ = _relayed(fresh_database, relay.port)
+    harness = StreamHarness(endpoints.kafka_bootstrap, dsn, tmp_path / "distill")
+    harness.settings = harness.settings.model_copy(update={"audit_retry_s": 3.0})
+    try:
+        harness.start()
+        harness.wait_ready()
+        now = datetime.now(UTC)
+        harness.emit(simple_session(f"before-{uuid.uuid4()}", uuid.uuid4(), ts=now, user_id="user-a"))
+        harness.wait_for_samples(1)
+        relay.close()  # the database goes away and stays away past the worker's retries
+        harness.emit(simple_session(f"during-{uuid.uuid4()}", uuid.uuid4(), ts=now, user_id="user-b"))
+        # The sample reaches the topic before its batch is stored; nothing else reaches the admit stage.
+        harness.wait_until(lambda: len(harness.topic_samples()) == 2, timeout=60, what="the second sample on the topic")
+        assert harness.process is not None
+        code = harness.process.wait(timeout=120)
+        assert code != 0, harness.log_tail()
+        assert "Crashed reason=AuditStoreUnavailable" in harness.log_path.read_text(), harness.log_tail()
+        relay.open()
+        harness.start()  # what the keeper does
+        harness.wait_for_samples(2)
+        stored = {sample.sample_id for sample in harness.samples()}
+        assert stored == {parse_sample(value).sample_id for _, value in harness.topic_samples()}
+    finally:
+        harness.close()
+        relay.stop()
