@@ -221,7 +221,7 @@ def test_faults_under_load_lose_nothing(tmp_path: Path, reliability: Reliability
 
     assert all(f.recovered for f in faults.faults), [vars(f) for f in faults.faults if not f.recovered]
     assert delivered, "the simulator's SDK could not deliver every event after the faults"
-    assert http.failed_posts == 0, f"{http.failed_posts} ingest posts never got an answer"
+    assert http.failed_posts == 0, f"{http.failed_posts} ingest posts never got an answer (last: {http.last_failure})"
     assert drained, "the archiver or the distiller did not catch up after the traffic stopped"
     for check in checks:
         assert check.ok, f"{check.name}: {check.violations} ({check.figures})"

@@ -152,7 +152,7 @@ def test_sustained_ingest_keeps_memory_and_lag_bounded(tmp_path: Path, reliabili
     )
     write_section(reliability, "load", data, markdown)
 
-    assert pump.failed_posts == 0
+    assert pump.failed_posts == 0, f"{pump.failed_posts} ingest posts never got an answer (last: {pump.last_failure})"
     assert archived == len(pump.accepted), f"{len(pump.accepted) - archived} accepted events are not archived"
     assert drained, f"lag did not drain within 600 s of the end of the load; peaks {lag_peaks}"
     # A planted event whose post timed out under the load may have left a letter before its retry's.

@@ -72,6 +72,10 @@ class RecordingGateway:
         return served
 
 
+GRACE_AFTER_STOP_S = 60.0
+"""How long a post under way when the traffic stops keeps trying to be judged."""
+
+
 @dataclass
 class HttpSessions:
     """Short sessions posted to the ingest HTTP API on a thread, ``rate`` events per second in batches."""
@@ -92,6 +96,8 @@ class HttpSessions:
     each may still have left a dead letter (see ``ingest.api``: dead letters have no id a retry reuses)."""
     failed_posts: int = 0
     retried_posts: int = 0
+    last_failure: str = ""
+    """When and how the latest unanswered post attempt failed (a status and body, or a client error)."""
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
@@ -126,20 +132,30 @@ class HttpSessions:
     def _post(self, client: httpx.Client, body: list[Any]) -> tuple[set[str] | None, int]:
         """Post until the API judges the batch (it may be down a while: that is the test).
 
-        Returns the accepted ids (``None`` if never judged) and how many posts went unanswered.
+        A post under way when the traffic stops keeps trying for :data:`GRACE_AFTER_STOP_S` more: it
+        counts as never answered only if the API stays unable to judge it that long, not because the
+        traffic stopped during one slow or refused attempt. Returns the accepted ids (``None`` if never
+        judged) and how many posts went unanswered.
         """
+        give_up_at: float | None = None
         for attempt in range(600):
             try:
                 response = client.post(self.ingest_url.rstrip("/") + "/v1/events", json=body)
-            except httpx.HTTPError:
-                response = None
+            except httpx.HTTPError as exc:
+                response, failure = None, f"{type(exc).__name__}: {exc}"
             if response is not None and response.status_code == 200:
                 results = response.json()["results"]
                 accepted = {r["event_id"] for r in results if r["status"] == "accepted" and r.get("stored", True)}
                 return accepted, attempt
+            if response is not None:
+                failure = f"HTTP {response.status_code}: {response.text[:200]}"
+            self.last_failure = f"{datetime.now(UTC).isoformat()} {failure}"
             self.retried_posts += attempt == 0
-            if self._stop.wait(0.5):
-                break
+            if self._stop.is_set():
+                give_up_at = give_up_at or time.monotonic() + GRACE_AFTER_STOP_S
+                if time.monotonic() > give_up_at:
+                    break
+            time.sleep(0.5)
         self.failed_posts += 1
         return None, attempt + 1
 
