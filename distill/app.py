@@ -271,10 +271,10 @@ def build_app(settings: DistillSettings, spec: RewardSpec | None = None) -> faus
                         admitted.append(sample_json)
                     else:
                         METRICS.user_capped.inc()
+            batch.write()
             # The audit store gets what the samples topic gets: a crash before the batch is stored and its
             # offsets committed re-admits it (repeats pass the cap again, and the database keeps one row per
             # sample id), so neither can miss a sample the other has for long.
-            batch.write()
             if storing is not None:
                 await storing  # the batch before: a failed write ends the agent here (or in crash_if_failed)
             storing = asyncio.ensure_future(store(stream, events, admitted))
