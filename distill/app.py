@@ -239,14 +239,14 @@ def build_app(settings: DistillSettings, spec: RewardSpec | None = None) -> faus
         for event in events:
             await stream.ack(event)
 
-    failures: set[asyncio.Task[None]] = set()
+    crashes: set[asyncio.Task[None]] = set()
 
     def crash_if_failed(write: asyncio.Future[None]) -> None:
         """A write that failed ends the worker even when no later batch comes to find it out."""
         if not write.cancelled() and (error := write.exception()) is not None:
             crash = asyncio.ensure_future(app.crash(error))
-            failures.add(crash)  # held until done: the loop keeps only a weak reference to a task
-            crash.add_done_callback(failures.discard)
+            crashes.add(crash)  # held until done: the loop keeps only a weak reference to a task
+            crash.add_done_callback(crashes.discard)
 
     @app.agent(scored)
     async def admit(stream: Any) -> None:
