@@ -224,7 +224,7 @@ def build_app(settings: DistillSettings, spec: RewardSpec | None = None) -> faus
             await publish(outcomes)
             # Samples first, then the state that says they were published: a crash in between re-reads
             # the batch (its offsets are not committed) and the outbox covers what a re-read cannot.
-            batch.write()
+            await batch.write()
 
     @app.timer(interval=settings.tick_interval_s, on_leader=True)  # type: ignore[untyped-decorator]
     async def tick() -> None:
@@ -271,7 +271,7 @@ def build_app(settings: DistillSettings, spec: RewardSpec | None = None) -> faus
                         admitted.append(sample_json)
                     else:
                         METRICS.user_capped.inc()
-            batch.write()
+            await batch.write()
             # The audit store gets what the samples topic gets: a crash before the batch is stored and its
             # offsets committed re-admits it (repeats pass the cap again, and the database keeps one row per
             # sample id), so neither can miss a sample the other has for long.

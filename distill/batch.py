@@ -5,6 +5,15 @@ write is a changelog record: per event, a session of four events would write its
 times. A :class:`TableBatch` holds the values a batch touches in memory, reads each from the table on
 first use and writes each back once when the batch is done.
 
+It writes past the table's own per-key path (``table[key] = value``): that path hands each changelog
+record to Faust's send buffer with a future and a callback, and the callback writes the record's offset
+to RocksDB, one write per record. Measured on the throughput benchmark, this cost the distiller about
+a fifth of its CPU. Here the value goes to the table's store and its changelog record to the producer
+directly, and the store records the offset once per partition and batch: the offset of the batch's
+last record there, once the broker has acknowledged it. Faust flushes the producer before it commits
+any offset, as it does for its own changelog records, and a restart reads the changelog from the
+recorded offset on, as before.
+
 Faust decides a table key's partition (its changelog partition, and which local RocksDB it lives
 in) from the event being processed (``faust.current_event()``); inside a batch that is not the
 event a key came with, so every read and write here runs under the event that brought the key,
@@ -13,12 +22,15 @@ which keeps a key's state on its events' partition as per-event processing did.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from faust import streams
+from faust.types import TP
 
 V = TypeVar("V")
 
@@ -66,20 +78,39 @@ class TableBatch(Generic[V]):
         """Remove the key (read with :meth:`get` before) when the batch is written."""
         self._entries[key].value = None
 
-    def write(self) -> int:
-        """Write every touched key back to the table, once each; return how many records that made."""
+    async def write(self) -> int:
+        """Write every touched key back to the table, once each; return how many records that made.
+
+        Each value goes to the store and its changelog record to the producer, without waiting for the
+        acknowledgement (see the module docstring).
+        """
         written = 0
+        store = self._table.data
+        topic = self._table.changelog_topic.get_topic_name()
+        producer = self._table.app.producer
+        last: dict[int, asyncio.Future[Any]] = {}
         for key, entry in self._entries.items():
             if entry.value is None and not entry.stored:
                 continue
-            token = _CURRENT_EVENT.set(weakref.ref(entry.event))
+            partition = entry.event.message.partition
+            value = None if entry.value is None else self._dump(entry.value)
+            token = _CURRENT_EVENT.set(weakref.ref(entry.event))  # the store picks the key's partition by it
             try:
-                if entry.value is not None:
-                    self._table[key] = self._dump(entry.value)
+                if value is not None:
+                    store[key] = value
                 else:
-                    del self._table[key]
+                    del store[key]
             finally:
                 _CURRENT_EVENT.reset(token)
+            last[partition] = await producer.send(topic, key, value, partition=partition, timestamp=None, headers=None)
             written += 1
+        for partition, sent in last.items():
+            sent.add_done_callback(functools.partial(_persisted, store, TP(topic, partition)))
         self._entries.clear()
         return written
+
+
+def _persisted(store: Any, tp: TP, sent: asyncio.Future[Any]) -> None:
+    """Remember the offset of a changelog record the broker acknowledged (what Faust does for each)."""
+    if not sent.cancelled() and sent.exception() is None:
+        store.set_persisted_offset(tp, sent.result().offset)

@@ -12,6 +12,7 @@ session gets ids of its own, so a test never meets another test's data.
 from __future__ import annotations
 
 import copy
+import shutil
 import time
 import uuid
 from collections import defaultdict
@@ -221,6 +222,50 @@ def test_window_timer_fires_after_a_restart(make_harness: MakeHarness) -> None:
     assert sample.finalised_by == "window"
     assert sample.components == {"accepted": 0.75}
     assert sample.reward == 0.75
+    assert harness.stop() == 0
+
+
+@pytest.mark.timeout(150)
+def test_a_worker_that_lost_its_local_state_rebuilds_it_from_the_changelogs(make_harness: MakeHarness) -> None:
+    """The tables' changelogs hold what the local RocksDB held: after the data folder is gone, a new worker
+    still knows the generation and accept a session got before (its sample counts the accept) and how
+    many samples a user was admitted (the user's cap, spent before, still holds)."""
+    spec = spec_document(version="test-changelog", guards={"max_samples_per_user_per_window": 1})
+    harness = make_harness(name="changelog", spec=spec)
+    harness.start()
+    harness.wait_ready()
+    ts = datetime.now(UTC)
+    open_session, generation_id = f"open-{uuid.uuid4()}", uuid.uuid4()
+    harness.emit(
+        [
+            *simple_session(f"spent-{uuid.uuid4()}", uuid.uuid4(), ts=ts, user_id="capped-user"),
+            started(open_session, ts=ts),
+            generation(open_session, generation_id, ts=ts),
+            feedback("suggestion.accepted", open_session, generation_id, ts=ts + timedelta(seconds=1)),
+        ]
+    )
+    harness.wait_for_samples(1)
+    harness.wait_until(
+        lambda: harness.metric("liveloop_distill_events_total") >= 7, 10, "the seven events to be applied"
+    )
+    assert harness.stop() == 0
+    shutil.rmtree(harness.settings.data_dir)
+
+    harness.start()
+    harness.wait_ready()
+    harness.emit(
+        [
+            ended(open_session, ts=ts + timedelta(seconds=2)),
+            *simple_session(f"over-{uuid.uuid4()}", uuid.uuid4(), ts=ts + timedelta(seconds=3), user_id="capped-user"),
+        ]
+    )
+    harness.wait_until(
+        lambda: harness.metric("liveloop_distill_user_capped_total") >= 1, 60, "the user's second sample to be capped"
+    )
+    harness.wait_for_samples(2)
+    by_session = {sample.session_id: sample for sample in harness.samples()}
+    assert by_session[open_session].components == {"accepted": 0.75}
+    assert [sample.user_id for sample in by_session.values()].count("capped-user") == 1
     assert harness.stop() == 0
 
 
