@@ -37,6 +37,7 @@ import math
 from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import TypeGuard
+from uuid import UUID
 
 from distill.errors import PrivacyModeEvent
 from distill.samples import SAMPLE_SCHEMA_VERSION, FinalisedBy, Sample, loss_mask_for, sample_id_for
@@ -169,12 +170,12 @@ def counted_feedback(generation: GenerationEvent, events: Iterable[EventBase], s
         # without serialising every event (only copies of one event id can share them).
         candidates.sort(key=_order)
     else:
-        candidates.sort(key=lambda event: (event.ts, str(event.event_id), event_to_json(event)))
-    seen: set[str] = set()
+        candidates.sort(key=lambda event: (event.ts, event.event_id, event_to_json(event)))
+    seen: set[UUID] = set()
     kept: list[Feedback] = []
     for event in candidates:
-        if str(event.event_id) not in seen:
-            seen.add(str(event.event_id))
+        if event.event_id not in seen:
+            seen.add(event.event_id)
             kept.append(event)
     return kept
 
@@ -219,8 +220,10 @@ def _components(feedback: list[Feedback], invalid: int, deferral: bool, spec: Re
     return {name: parts[name] + 0.0 for name in sorted(parts)}
 
 
-def _order(event: Feedback) -> tuple[datetime, str]:
-    return event.ts, str(event.event_id)
+def _order(event: Feedback) -> tuple[datetime, UUID]:
+    # UUIDs compare as their canonical strings do (fixed-width lower-case hex, hyphens in fixed places),
+    # without the cost of writing each one out.
+    return event.ts, event.event_id
 
 
 def score(
@@ -264,7 +267,7 @@ def score(
         loss_mask=loss_mask_for(payload),
         reward=reward,
         components=components,
-        source_event_ids=sorted({generation.event_id, *(e.event_id for e in counted)}, key=str),
+        source_event_ids=sorted({generation.event_id, *(e.event_id for e in counted)}),  # as their strings sort
         spec_version=spec.version,
         spec_hash=spec_hash,
         session_id=generation.session_id,

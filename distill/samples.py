@@ -129,7 +129,7 @@ class Sample(BaseModel):
                 raise ValueError(f"{name} has {len(values)} entries for {len(tokens)} completion tokens")
         if tokens is not None and self.loss_mask is None:
             raise ValueError("loss_mask is required when completion_token_ids are given")
-        ids = [str(event_id) for event_id in self.source_event_ids]
+        ids = self.source_event_ids  # UUIDs sort as their strings do
         if ids != sorted(set(ids)):
             raise ValueError("source_event_ids must be unique and sorted by their string form")
         return self

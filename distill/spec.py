@@ -197,9 +197,13 @@ class RewardSpec(SpecModel):
         Computed once per object (the spec is frozen; the distiller asks once per sample).
         :meth:`model_copy` gives a copy that computes its own, since its fields may differ.
         """
-        if self._spec_hash is None:
-            self._spec_hash = hashlib.sha256(self.canonical_json()).hexdigest()
-        return self._spec_hash
+        # Read from pydantic's dict of private attributes: ``self._spec_hash`` costs a caught AttributeError
+        # on every read (several microseconds, paid once per sample).
+        private = self.__pydantic_private__
+        assert private is not None  # a model with private attributes always has the dict
+        if private["_spec_hash"] is None:
+            private["_spec_hash"] = hashlib.sha256(self.canonical_json()).hexdigest()
+        return private["_spec_hash"]  # type: ignore[no-any-return]
 
     def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
         """A copy (see pydantic's ``model_copy``) that does not carry this spec's hash over."""
