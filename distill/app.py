@@ -44,6 +44,7 @@ from distill.sessions import Outcome, SessionState, apply_event, apply_tick, exp
 from distill.settings import DistillSettings
 from distill.sink import AuditSink
 from distill.spec import RewardSpec, load_spec
+from distill.worker import CrashExitingWorker
 from infra.settings import TopicSpec
 from infra.topics import ensure_topics
 from ingest.api_fast import parse_clean_event
@@ -324,7 +325,7 @@ def main() -> None:
     settings = DistillSettings()  # type: ignore[call-arg]  # dsn comes from the environment
     ensure_topics(settings.bootstrap, internal_topics(settings))
     app = build_app(settings)
-    worker = faust.Worker(app, loglevel="warning")
+    worker = CrashExitingWorker(app, loglevel="warning")
     # Faust's terminal spinner sets the root logger to DEBUG to spin on every record: every debug call
     # of Faust and aiokafka (several per record sent) would then build a log record to throw away.
     worker.spinner = None
