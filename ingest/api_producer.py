@@ -19,6 +19,7 @@ before the broker acknowledged it (``acks=all``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import itertools
 import logging
@@ -26,12 +27,15 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
-from aiokafka.errors import KafkaError
+from aiokafka.errors import KafkaError, OutOfOrderSequenceNumber, ProducerFenced
 from kafka.partitioner.default import murmur2
 
 from ingest.errors import BrokerUnavailable
 
 log = logging.getLogger(__name__)
+
+_UNRECOVERABLE = (OutOfOrderSequenceNumber, ProducerFenced)
+"""Errors after which an idempotent producer fails every later send (see ``_replace_if_broken``)."""
 
 Record = tuple[bytes | None, bytes]
 """(key, value) of one Kafka record."""
@@ -144,6 +148,7 @@ class EventProducer:
                     slot = key_hash(key) if key is not None else next(self._spread)
                     waits.add(self._append(producer, topic, partitions[slot % count], key, value))
         except KafkaError as exc:
+            self._replace_if_broken(producer, exc)
             raise BrokerUnavailable(f"Kafka at {self.bootstrap} failed: {exc!r}") from exc
         if not waits:
             return
@@ -205,6 +210,7 @@ class EventProducer:
             await acknowledged
         except (Exception, asyncio.CancelledError) as exc:
             self._close(lane, builder, handed_over)
+            self._replace_if_broken(producer, exc)
             if not delivered.done():
                 delivered.set_exception(BrokerUnavailable(f"Kafka at {self.bootstrap} failed: {exc!r}"))
                 delivered.exception()  # retrieved here: a request may have given up waiting already
@@ -219,6 +225,31 @@ class EventProducer:
             lane.builder = None
         if not handed_over.done():
             handed_over.set_result(None)
+
+    def _replace_if_broken(self, producer: Any, error: BaseException) -> None:
+        """Start a new producer in the background if ``error`` means ``producer`` will never send again.
+
+        ``OutOfOrderSequenceNumber`` means the broker lost records it had acknowledged (in a restart),
+        so this idempotent producer's sequence numbers for the partition no longer match the broker's:
+        aiokafka keeps them, and every later batch to that partition fails the same way. A fenced
+        producer, or one whose sender stopped on an unexpected error, fails every send too. Left alone,
+        the API would answer 503 until restarted. A new producer gets a new producer id, whose sequences
+        start afresh; until it is connected, requests get 503 as while Kafka is down, and clients retry.
+        """
+        sender = producer._sender.sender_task  # aiokafka offers no public way to ask
+        stopped = sender is not None and sender.done() and not sender.cancelled()  # cancelled: stopped on purpose
+        if self._producer is not producer or not (isinstance(error, _UNRECOVERABLE) or stopped):
+            return
+        self._producer = None
+        self._lanes.clear()  # their batches belong to the broken producer
+        self._problem = f"Kafka at {self.bootstrap} failed and the producer is being replaced: {error!r}"
+        log.warning("%s", self._problem)
+        self._connecting = asyncio.get_running_loop().create_task(self._replace(producer))
+
+    async def _replace(self, stopped: Any) -> None:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(stopped.stop(), timeout=self._timeout_s)
+        await self._connect_until_done()
 
     async def _try_connect(self) -> bool:
         producer = AIOKafkaProducer(**self._options)
