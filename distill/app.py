@@ -1,8 +1,9 @@
 """The distiller: a Faust app that turns live sessions into reward samples.
 
-Two agents, each a stream of its own, each taking its stream in batches (``take_events``): a
-batch reads each table key once and writes it once (``distill.batch``), and its records are sent
-without waiting for each acknowledgement.
+Two agents, each a stream of its own, each taking its stream in batches (``noack_take``): a
+batch reads each table key once and writes it once (``distill.batch``), its records are sent
+without waiting for each acknowledgement, and its input records are acknowledged only once it is
+done, so that a batch that fails part-way is never committed.
 
 1. ``sessionize`` reads the events topic (keyed by session) and a ticks topic with the same
    partitions, and keeps each session's state (``distill.sessions``) in a changelog-backed table.
@@ -210,7 +211,9 @@ def build_app(settings: DistillSettings, spec: RewardSpec | None = None) -> faus
 
     @app.agent(source)
     async def sessionize(stream: Any) -> None:
-        async for events in stream.take_events(batch_size, within=within):
+        # ``noack_take``, not ``take_events``: take_events acknowledges a batch's records once the batch is
+        # given up, also when it failed part-way, and the worker's final commit then moves past them.
+        async for events in stream.noack_take(batch_size, within=within):
             if not deadlines.built:
                 await recover()  # before this batch reads the table: it sees what was there at the start
             batch = TableBatch(sessions, SessionState.load, SessionState.dump)
@@ -226,6 +229,8 @@ def build_app(settings: DistillSettings, spec: RewardSpec | None = None) -> faus
             # Samples first, then the state that says they were published: a crash in between re-reads
             # the batch (its offsets are not committed) and the outbox covers what a re-read cannot.
             await batch.write()
+            for event in events:
+                await stream.ack(event)
 
     @app.timer(interval=settings.tick_interval_s, on_leader=True)  # type: ignore[untyped-decorator]
     async def tick() -> None:

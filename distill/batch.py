@@ -1,6 +1,6 @@
 """Table access for a batch of stream events: each key read once, written once, on its own partition.
 
-The distiller's agents take their streams in batches (``stream.take_events``), because a Faust table
+The distiller's agents take their streams in batches (``stream.noack_take``), because a Faust table
 write is a changelog record: per event, a session of four events would write its whole state four
 times. A :class:`TableBatch` holds the values a batch touches in memory, reads each from the table on
 first use and writes each back once when the batch is done.

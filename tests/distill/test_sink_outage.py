@@ -14,7 +14,7 @@ import subprocess
 import sys
 import threading
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import psycopg
@@ -26,7 +26,7 @@ from distill.sink import AuditSink
 from distill.spec import load_spec
 from infra.migrations import migrate
 from infra.stack import Endpoints
-from tests.distill.stream_harness import StreamHarness, simple_session
+from tests.distill.stream_harness import StreamHarness, feedback, simple_session
 from tests.learner.sample_factory import make_sample
 
 
@@ -215,6 +215,46 @@ def test_a_batch_whose_write_fails_ends_the_worker_even_when_no_batch_follows(
         harness.wait_for_samples(2)
         stored = {sample.sample_id for sample in harness.samples()}
         assert stored == {parse_sample(value).sample_id for _, value in harness.topic_samples()}
+    finally:
+        harness.close()
+        relay.stop()
+
+
+def test_a_session_batch_that_fails_is_read_again_by_the_next_worker(
+    endpoints: Endpoints, fresh_database: str, tmp_path: Path
+) -> None:
+    """A batch of the session stage that fails part-way (here: recording late feedback while the database
+    is away) must leave its records uncommitted when the worker ends, so that the next worker reads them
+    again. Faust's ``take_events`` acknowledged a batch's records once the batch was given up, failed or
+    not, and the worker's final commit then moved past them: the feedback was never recorded, and a session
+    whose events shared the batch lost them."""
+    info = psycopg.conninfo.conninfo_to_dict(fresh_database)
+    relay = ThreadedRelay(str(info.get("host", "127.0.0.1")), int(info.get("port", 5432)))
+    relay.open()
+    dsn, _, _ = _relayed(fresh_database, relay.port)
+    harness = StreamHarness(endpoints.kafka_bootstrap, dsn, tmp_path / "distill")
+    harness.settings = harness.settings.model_copy(update={"audit_retry_s": 3.0})
+    try:
+        harness.start()
+        harness.wait_ready()
+        now = datetime.now(UTC)
+        session, generation_id = f"ended-{uuid.uuid4()}", uuid.uuid4()
+        harness.emit(simple_session(session, generation_id, ts=now, user_id="user-a"))
+        harness.wait_for_samples(1)
+        relay.close()  # the database goes away and stays away past the worker's retries
+        late = feedback("suggestion.rejected", session, generation_id, ts=now + timedelta(seconds=5), user_id="user-a")
+        harness.emit([late])
+        assert harness.process is not None
+        code = harness.process.wait(timeout=120)
+        assert code != 0, harness.log_tail()
+        assert "AuditStoreUnavailable" in harness.log_path.read_text(), harness.log_tail()
+        relay.open()
+        harness.start()  # what the keeper does
+        harness.wait_until(
+            lambda: [row["event_id"] for row in harness.late_feedback()] == [uuid.UUID(late["event_id"])],
+            timeout=90,
+            what="the late feedback of the failed batch to be recorded by the next worker",
+        )
     finally:
         harness.close()
         relay.stop()
