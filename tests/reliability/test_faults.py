@@ -72,6 +72,21 @@ def _listening_outside_loopback(loop: Loop) -> list[str]:
     return outside
 
 
+def _component_exits(loop: Loop, per_component: int = 6) -> dict[str, list[str]]:
+    """name -> the last lines of its log that say why it ended: the keeper's exit lines and Faust's crash
+    reasons. Kept for the report and for a failed check's message, since the loop's logs go with it."""
+    exits: dict[str, list[str]] = {}
+    for name in loop.component_names():
+        try:
+            text = (loop.stack.settings.logs_dir / f"{name}.log").read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            continue
+        lines = [line.strip()[:300] for line in text.splitlines() if "keeper:" in line or "Crashed reason=" in line]
+        if lines:
+            exits[name] = lines[-per_component:]
+    return exits
+
+
 def _drained(loop: Loop) -> bool:
     bootstrap = loop.stack.endpoints.kafka_bootstrap
     for name in ("archiver", "distiller"):
@@ -175,6 +190,7 @@ def test_faults_under_load_lose_nothing(tmp_path: Path, reliability: Reliability
         )
         leaks = scan_for_leaks(stack, [s.secret for s in summary.planted_secrets], summary.privacy_session_ids)
         outside = _listening_outside_loopback(loop)
+        exits = _component_exits(loop)
 
     data = {
         "seed": seed,
@@ -204,6 +220,7 @@ def test_faults_under_load_lose_nothing(tmp_path: Path, reliability: Reliability
         "recovered": recovered,
         "leaks": leaks,
         "listening_outside_loopback": outside,
+        "component_exits": exits,
     }
     fault_rows = [(f.target, f.kind, f.at_s, f.recovered, f.recovery_s, f.detail) for f in faults.faults]
     check_rows = [(c.name, "yes" if c.ok else "NO", _figures(c.figures)) for c in checks]
@@ -224,7 +241,10 @@ def test_faults_under_load_lose_nothing(tmp_path: Path, reliability: Reliability
     assert http.failed_posts == 0, f"{http.failed_posts} ingest posts never got an answer (last: {http.last_failure})"
     assert drained, "the archiver or the distiller did not catch up after the traffic stopped"
     for check in checks:
-        assert check.ok, f"{check.name}: {check.violations} ({check.figures})"
+        assert check.ok, (
+            f"{check.name}: {check.violations} ({check.figures}); traffic from {traffic_started_at:%H:%M:%S}, "
+            f"faults at {[(f.target, f.at_s) for f in faults.faults]} s; component exits: {exits}"
+        )
     # Only the planted malformed events are rejected, all by the ingest API: none of the real traffic.
     assert set(letters_by_source) <= {"ingest-api"}, f"dead letters from {letters_by_source}"
     assert planted_dead <= dead_letters <= planted_dead + planted_unsure, (
