@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import uuid
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -185,11 +186,12 @@ def test_a_distiller_whose_database_stays_away_exits_for_its_keeper(
     assert "AuditStoreUnavailable" in (tmp_path / "worker.log").read_text()
 
 
-def test_a_batch_whose_write_fails_ends_the_worker_even_when_no_batch_follows(
+@contextlib.contextmanager
+def _worker_behind_relay(
     endpoints: Endpoints, fresh_database: str, tmp_path: Path
-) -> None:
-    """The admit stage stores a batch while it admits the next. A write that fails must still end the
-    worker when no later batch comes to find it out, and the next worker stores what it could not."""
+) -> Iterator[tuple[StreamHarness, ThreadedRelay]]:
+    """A ready distiller worker whose database sits behind an open relay; it gives up on an unreachable
+    database after 3 s. Both are stopped on the way out."""
     info = psycopg.conninfo.conninfo_to_dict(fresh_database)
     relay = ThreadedRelay(str(info.get("host", "127.0.0.1")), int(info.get("port", 5432)))
     relay.open()
@@ -199,6 +201,18 @@ def test_a_batch_whose_write_fails_ends_the_worker_even_when_no_batch_follows(
     try:
         harness.start()
         harness.wait_ready()
+        yield harness, relay
+    finally:
+        harness.close()
+        relay.stop()
+
+
+def test_a_batch_whose_write_fails_ends_the_worker_even_when_no_batch_follows(
+    endpoints: Endpoints, fresh_database: str, tmp_path: Path
+) -> None:
+    """The admit stage stores a batch while it admits the next. A write that fails must still end the
+    worker when no later batch comes to find it out, and the next worker stores what it could not."""
+    with _worker_behind_relay(endpoints, fresh_database, tmp_path) as (harness, relay):
         now = datetime.now(UTC)
         harness.emit(simple_session(f"before-{uuid.uuid4()}", uuid.uuid4(), ts=now, user_id="user-a"))
         harness.wait_for_samples(1)
@@ -215,9 +229,6 @@ def test_a_batch_whose_write_fails_ends_the_worker_even_when_no_batch_follows(
         harness.wait_for_samples(2)
         stored = {sample.sample_id for sample in harness.samples()}
         assert stored == {parse_sample(value).sample_id for _, value in harness.topic_samples()}
-    finally:
-        harness.close()
-        relay.stop()
 
 
 def test_a_session_batch_that_fails_is_read_again_by_the_next_worker(
@@ -228,15 +239,7 @@ def test_a_session_batch_that_fails_is_read_again_by_the_next_worker(
     again. Faust's ``take_events`` acknowledged a batch's records once the batch was given up, failed or
     not, and the worker's final commit then moved past them: the feedback was never recorded, and a session
     whose events shared the batch lost them."""
-    info = psycopg.conninfo.conninfo_to_dict(fresh_database)
-    relay = ThreadedRelay(str(info.get("host", "127.0.0.1")), int(info.get("port", 5432)))
-    relay.open()
-    dsn, _, _ = _relayed(fresh_database, relay.port)
-    harness = StreamHarness(endpoints.kafka_bootstrap, dsn, tmp_path / "distill")
-    harness.settings = harness.settings.model_copy(update={"audit_retry_s": 3.0})
-    try:
-        harness.start()
-        harness.wait_ready()
+    with _worker_behind_relay(endpoints, fresh_database, tmp_path) as (harness, relay):
         now = datetime.now(UTC)
         session, generation_id = f"ended-{uuid.uuid4()}", uuid.uuid4()
         harness.emit(simple_session(session, generation_id, ts=now, user_id="user-a"))
@@ -255,6 +258,3 @@ def test_a_session_batch_that_fails_is_read_again_by_the_next_worker(
             timeout=90,
             what="the late feedback of the failed batch to be recorded by the next worker",
         )
-    finally:
-        harness.close()
-        relay.stop()
