@@ -49,19 +49,22 @@ class PendingGeneration(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    generation: str = Field(description="The generation event, as JSON.")
+    generation: str = Field(default="", description="The generation event, as JSON.")
     feedback: list[str] = Field(default_factory=list, description="Its feedback events, as JSON.")
     final_at: AwareDatetime
     # The same events already parsed, where this process saw them arrive: a session that starts and
-    # ends within one batch is scored without parsing its events a second time.
+    # ends within one batch is scored without parsing its events a second time. Events that arrived
+    # here are written to the JSON fields only when the state is stored (``write_json``): most
+    # generations are final before then, and serialising each of their events was wasted.
     _generation: GenerationEvent | None = PrivateAttr(default=None)
     _feedback: list[Event] | None = PrivateAttr(default=None)
 
     @classmethod
     def arrived(cls, event: GenerationEvent, spec: RewardSpec) -> PendingGeneration:
         """A generation that has just arrived (parsed), waiting for feedback until its longest window closes."""
-        pending = cls(generation=event_to_json(event).decode(), final_at=final_at(event, spec))
-        pending._parsed()["_generation"] = event
+        pending = cls(final_at=final_at(event, spec))
+        parsed = pending._parsed()
+        parsed["_generation"], parsed["_feedback"] = event, []
         return pending
 
     def generation_event(self) -> GenerationEvent:
@@ -88,10 +91,18 @@ class PendingGeneration(BaseModel):
         assert private is not None  # a model with private attributes always has the dict
         return private
 
-    def add_feedback(self, event: Event, raw: str) -> None:
-        """Count one more feedback event; ``raw`` is its JSON."""
+    def add_feedback(self, event: Event) -> None:
+        """Count one more feedback event."""
         self.feedback_events().append(event)
-        self.feedback.append(raw)
+
+    def write_json(self) -> None:
+        """Bring the JSON fields up to date with the events that arrived since the state was loaded."""
+        parsed = self._parsed()
+        if not self.generation:
+            self.generation = event_to_json(parsed["_generation"]).decode()
+        feedback = parsed["_feedback"]
+        if feedback is not None and len(feedback) > len(self.feedback):
+            self.feedback += [event_to_json(event).decode() for event in feedback[len(self.feedback) :]]
 
 
 class SessionState(BaseModel):
@@ -114,6 +125,8 @@ class SessionState(BaseModel):
 
     def dump(self) -> bytes:
         """The state as compact JSON bytes (the table's value, stored as is)."""
+        for pending in self.pending.values():
+            pending.write_json()
         return self.model_dump_json().encode()
 
     @classmethod
@@ -185,7 +198,7 @@ def apply_event(state: SessionState, event: Event, spec: RewardSpec, now: float)
         if is_late(pending.generation_event(), event, spec):
             outcome.late.append(event)
         else:
-            pending.add_feedback(event, event_to_json(event).decode())
+            pending.add_feedback(event)
     elif len(state.orphans) < MAX_ORPHANS:
         state.orphans.append(event_to_json(event).decode())
     return outcome
@@ -238,7 +251,7 @@ def _add_generation(
         if is_late(event, feedback, spec):
             outcome.late.append(feedback)
         else:
-            pending.add_feedback(feedback, raw)
+            pending.add_feedback(feedback)
     state.pending[generation_id] = pending
     if state.ended is not None:
         _finalise(state, generation_id, spec, outcome, now)
