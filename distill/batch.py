@@ -64,7 +64,9 @@ class TableBatch(Generic[V]):
         if entry is None:
             token = _CURRENT_EVENT.set(weakref.ref(event))
             try:
-                raw = self._table.get(key)
+                # The store, not the table: the table's own lookup asks the store whether it holds the key
+                # and then reads it, two RocksDB reads where one does.
+                raw = self._table.data.get(key)
             finally:
                 _CURRENT_EVENT.reset(token)
             value = self._load(raw)
