@@ -104,13 +104,12 @@ def build_app(settings: DistillSettings, spec: RewardSpec | None = None) -> faus
         agent_supervisor=mode.CrashingSupervisor,
     )
     tuning.install(app, settings.fetch_max_wait_s)
-    raw: dict[str, Any] = {"key_type": bytes, "value_type": bytes, "key_serializer": "raw", "value_serializer": "raw"}
     ticks_name = f"{settings.app_id}-ticks"
-    ticks = app.topic(ticks_name, partitions=settings.partitions, internal=True, **raw)
-    source = app.topic(settings.events_topic, ticks_name, **raw)
+    ticks = app.topic(ticks_name, partitions=settings.partitions, internal=True, schema=tuning.RAW)
+    source = app.topic(settings.events_topic, ticks_name, schema=tuning.RAW)
     scored_name = f"{settings.app_id}-scored"  # its records: distill.scored
-    scored = app.topic(scored_name, partitions=settings.partitions, internal=True, **raw)
-    dlq = app.topic(settings.dlq_topic, **raw)
+    scored = app.topic(scored_name, partitions=settings.partitions, internal=True, schema=tuning.RAW)
+    dlq = app.topic(settings.dlq_topic, schema=tuning.RAW)
     # Tables of JSON bytes, stored as they are; a key's changelog partition is that of the event that
     # brought it (see distill.batch), so a session's state stays on its events' partition.
     sessions = app.Table(SESSIONS_TABLE, key_type=bytes, value_type=bytes, options=ROCKSDB_OPTIONS)  # bytes: raw
@@ -156,9 +155,13 @@ def build_app(settings: DistillSettings, spec: RewardSpec | None = None) -> faus
         await sink.record_late(late)
 
     async def on_event(
-        batch: TableBatch[SessionState], event: Any, outcomes: list[tuple[Outcome, SessionState]]
+        batch: TableBatch[SessionState],
+        event: Any,
+        outcomes: list[tuple[Outcome, SessionState]],
+        touched: dict[bytes, tuple[int, SessionState]],
     ) -> bool:
-        """Apply one event to its session; False if it was not read (it went to the dead-letter topic)."""
+        """Apply one event to its session and note the session in ``touched``; False if it was not read (it
+        went to the dead-letter topic)."""
         key: bytes | None = event.key
         try:
             # The fast reader takes what ingest let through; anything doubtful gets parse_event's verdict.
@@ -174,8 +177,15 @@ def build_app(settings: DistillSettings, spec: RewardSpec | None = None) -> faus
         outcome = apply_event(state, parsed, spec, wall)
         settle_outbox(state, wall, SETTLED_AFTER_S)
         outcomes.append((outcome, state))
-        deadlines.update(session, event.message.partition, state)
+        touched[session] = (event.message.partition, state)
         return True
+
+    def index_deadlines(touched: dict[bytes, tuple[int, SessionState]]) -> None:
+        """Record the next deadline of each session the events since the last call touched, once per session
+        (a session's events mostly come in one batch), then forget them."""
+        for session, (partition, state) in touched.items():
+            deadlines.update(session, partition, state)
+        touched.clear()
 
     def on_tick(batch: TableBatch[SessionState], event: Any, outcomes: list[tuple[Outcome, SessionState]]) -> None:
         partition = event.message.partition
@@ -219,11 +229,14 @@ def build_app(settings: DistillSettings, spec: RewardSpec | None = None) -> faus
             batch = TableBatch(sessions, SessionState.load, SessionState.dump)
             outcomes: list[tuple[Outcome, SessionState]] = []
             read = 0  # counted once per batch, as publish counts: each inc of a counter takes a lock
+            touched: dict[bytes, tuple[int, SessionState]] = {}
             for event in events:
                 if event.message.topic == ticks_name:
+                    index_deadlines(touched)  # a tick sees every deadline the events before it moved
                     on_tick(batch, event, outcomes)
                 else:
-                    read += await on_event(batch, event, outcomes)
+                    read += await on_event(batch, event, outcomes, touched)
+            index_deadlines(touched)
             METRICS.events.inc(read)
             await publish(outcomes)
             # Samples first, then the state that says they were published: a crash in between re-reads

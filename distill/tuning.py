@@ -1,6 +1,6 @@
 """Faust, tuned for the distiller: what its per-record machinery costs, cut where no guarantee depends on it.
 
-Three changes, all below the app (the agents, tables and commits are Faust's own):
+Five changes, all below the app (the agents, tables and commits are Faust's own):
 
 - **Fetch wait.** Faust's aiokafka driver asks the broker to hold a fetch up to 1.5 s
   (``fetch_max_wait_ms=1500``, fixed) until new data arrives, and aiokafka keeps one fetch in flight
@@ -16,10 +16,16 @@ Three changes, all below the app (the agents, tables and commits are Faust's own
   it on a queue), so here its first step runs at once; only one that does wait takes the race, where
   it goes on from the step it reached (:func:`step_eagerly`). A record is delivered, or abandoned by a
   rebalance, exactly when it would have been.
+- **Raw records.** The distiller's topics carry bytes it decodes itself, yet Faust passed each key and
+  value through its serializer registry (four calls each, to return them unchanged): :data:`RAW`
+  hands them over as they came.
+- **Events.** Faust builds each record's event through ``app.create_event``, which looks the event
+  class up in the app's settings registry (several calls) every time; here it is looked up once.
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
 import types
 from collections.abc import Coroutine, Generator
@@ -156,11 +162,32 @@ def _close(waitables: tuple[WaitArgT, ...]) -> None:
             waitable.close()
 
 
+class RawSchema(faust.Schema):  # type: ignore[type-arg]  # keys and values are bytes
+    """Keys and values as the bytes they are, read without Faust's serializer registry (see the module
+    docstring); written through it as the ``raw`` codec, unchanged."""
+
+    def __init__(self) -> None:
+        super().__init__(key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw")
+
+    def loads_key(self, app: Any, message: Any, *, loads: Any = None, serializer: Any = None) -> Any:
+        return message.key
+
+    def loads_value(self, app: Any, message: Any, *, loads: Any = None, serializer: Any = None) -> Any:
+        return message.value
+
+
+RAW = RawSchema()
+"""The schema of every topic the distiller reads or writes: raw bytes both ways."""
+
+
 def install(app: faust.App, fetch_max_wait_s: float) -> None:
-    """Tune ``app`` as the module docstring says; call it right after creating the app."""
+    """Tune ``app`` as the module docstring says; call it right after creating the app, before its topics
+    (each topic binds ``app.create_event`` when it is created)."""
     wait_ms = max(1, round(fetch_max_wait_s * 1000))
     thread = type("ConsumerThread", (_ConsumerThread,), {"fetch_max_wait_ms": wait_ms})
     consumer = type("Consumer", (_Consumer,), {"thread_class": thread})
     transport = type("Transport", (driver.Transport,), {"Consumer": consumer})
     app.transport = transport(app.conf.broker_consumer, app)
     app.monitor = QuietMonitor()
+    event_class: Any = app.conf.Event
+    app.create_event = functools.partial(event_class, app)  # type: ignore[method-assign]
