@@ -113,6 +113,13 @@ class KafkaBroker:
             "auto.create.topics.enable": "false",
             # One broker, no reason to wait for more group members before the first rebalance.
             "group.initial.rebalance.delay.ms": "0",
+            # A partition's offset and time indexes are sparse files preallocated to this size and mapped into
+            # memory. The first entry written faults a page in, and the kernel reads ahead around it (8 MiB
+            # on these machines' disks), zeroing every hole it reads: at Kafka's 10 MiB default, about 40 ms
+            # of broker CPU per file, so up to a second in a test or benchmark that makes a few dozen fresh
+            # partitions (measured with perf on the distiller benchmark). At 1 MiB a segment still indexes
+            # over 300 MiB of log before it rolls.
+            "log.index.size.max.bytes": str(1 << 20),
         }
         self.home.mkdir(parents=True, exist_ok=True)
         self.config_path.write_text("".join(f"{k}={v}\n" for k, v in props.items()), encoding="utf-8")

@@ -52,3 +52,11 @@ def test_the_loop_topics_exist_after_up(endpoints: Endpoints) -> None:
     finally:
         admin.close()
     assert {spec.name for spec in TopicsSettings().all()} <= existing
+
+
+def test_new_partitions_preallocate_small_indexes(endpoints: Endpoints) -> None:
+    # The broker's default (10 MiB) costs a new partition tens of ms of zeroing (see infra.kafka_broker).
+    name = f"test.indexes.{uuid.uuid4().hex[:8]}"
+    ensure_topics(endpoints.kafka_bootstrap, [TopicSpec(name=name, partitions=1)])
+    _, configs = _describe(endpoints.kafka_bootstrap, name)
+    assert configs["segment.index.bytes"] == str(1 << 20)
