@@ -151,7 +151,9 @@ class Stack:
         remaining = budget - (time.monotonic() - started)
         if not wait_until(check, timeout_s=max(remaining, 1.0), interval_s=0.3):
             log = self.settings.logs_dir / f"{name}.log"
-            raise ServiceStartError(f"{name} was not healthy within {budget:.0f} s; see {log}")
+            raise ServiceStartError(
+                f"{name} was not healthy within {budget:.0f} s; see {log}, which ends:\n{_tail(log)}"
+            )
         timings[name] = time.monotonic() - started
 
     def down(self, components: Sequence[str] = ()) -> list[str]:
@@ -244,3 +246,13 @@ def _redact_dsn(dsn: str) -> str:
     creds, host = rest.rsplit("@", 1)
     user = creds.split(":", 1)[0]
     return f"{scheme}{sep}{user}:***@{host}"
+
+
+def _tail(log: Path, lines: int = 20) -> str:
+    """The last lines of a log, for an error that names it: the state folder holding it may be purged next."""
+    try:
+        with log.open("rb") as f:
+            f.seek(max(f.seek(0, os.SEEK_END) - 16_384, 0))
+            return "\n".join(f.read().decode(errors="replace").splitlines()[-lines:])
+    except OSError as exc:
+        return f"(unreadable: {exc})"

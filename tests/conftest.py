@@ -7,6 +7,7 @@ independent of one another and of the order they run in.
 
 from __future__ import annotations
 
+import random
 import socket
 import uuid
 from collections.abc import Callable, Iterator
@@ -22,10 +23,38 @@ from infra.topics import ensure_topics
 
 
 def free_port() -> int:
-    """A TCP port nobody listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A TCP port nobody listens on right now, and that no outgoing connection will take before it is used.
+
+    ``bind(0)`` hands out a port from the kernel's ephemeral range, the range it also takes each outgoing
+    connection's local port from. In the seconds between picking such a port and a service binding it, a
+    client connection (to Kafka, say, and held open) could take it, and the service could never start.
+    So the port is drawn below that range, and never twice in one test session.
+    """
+    below = _ephemeral_ports_start()
+    for _ in range(1000):
+        port = _PORTS.randrange(10_000, below)
+        if port in _HANDED_OUT:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("", port))  # every address: free only if no listener holds it on any
+            except OSError:
+                continue
+        _HANDED_OUT.add(port)
+        return port
+    raise RuntimeError(f"no free TCP port between 10000 and {below}")
+
+
+_PORTS = random.SystemRandom()  # not the seeded `random`: every test would draw the same ports
+_HANDED_OUT: set[int] = set()
+
+
+def _ephemeral_ports_start() -> int:
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768  # Linux's default
+    return max(min(low, 32768), 16_000)  # at least 6,000 ports to draw from, even on an odd machine
 
 
 def stack_settings(state_dir: Path) -> StackSettings:

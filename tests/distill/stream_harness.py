@@ -20,7 +20,6 @@ import importlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -45,6 +44,7 @@ from infra.migrations import migrate
 from infra.settings import TopicSpec
 from infra.topics import ensure_topics
 from ingest.client import Client
+from tests.conftest import free_port
 
 yaml: Any = importlib.import_module("yaml")  # untyped; see distill/spec.py
 
@@ -57,13 +57,6 @@ STOP_S = 30.0
 FAUST_ENV = {"BROKER_SESSION_TIMEOUT": "8", "BROKER_HEARTBEAT_INTERVAL": "1"}
 
 Json = dict[str, Any]
-
-
-def free_port() -> int:
-    """A TCP port nobody listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def iso(ts: datetime) -> str:

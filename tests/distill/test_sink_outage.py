@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import subprocess
 import sys
 import threading
@@ -27,6 +26,7 @@ from distill.sink import AuditSink
 from distill.spec import load_spec
 from infra.migrations import migrate
 from infra.stack import Endpoints
+from tests.conftest import free_port
 from tests.distill.stream_harness import StreamHarness, feedback, simple_session
 from tests.learner.sample_factory import make_sample
 
@@ -36,9 +36,7 @@ class Relay:
 
     def __init__(self, target_host: str, target_port: int) -> None:
         self.target = (target_host, target_port)
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            self.port = int(sock.getsockname()[1])
+        self.port = free_port()
         self._server: asyncio.Server | None = None
         self._pipes: set[asyncio.Task[None]] = set()
 
@@ -145,9 +143,7 @@ def test_a_write_during_an_outage_waits_and_lands(fresh_database: str) -> None:
 
 
 def test_a_database_that_stays_away_fails_the_write_loudly(fresh_database: str) -> None:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        nobody = int(sock.getsockname()[1])
+    nobody = free_port()
     dsn, _, _ = _relayed(fresh_database, nobody)
     spec = load_spec()
 
@@ -169,9 +165,7 @@ def test_a_distiller_whose_database_stays_away_exits_for_its_keeper(
     """A failed agent ends the worker (so the keeper starts a fresh one that re-reads what was not committed)
     instead of Faust restarting the agent in place and carrying on past the batch it failed."""
     harness = StreamHarness(endpoints.kafka_bootstrap, fresh_database, tmp_path / "distill")
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        nobody = int(sock.getsockname()[1])
+    nobody = free_port()
     dsn, _, _ = _relayed(fresh_database, nobody)
     env = {**harness.env(), "LIVELOOP_DISTILL_DSN": dsn, "LIVELOOP_DISTILL_AUDIT_RETRY_S": "2"}
     with (tmp_path / "worker.log").open("wb") as log:

@@ -18,7 +18,8 @@ import pytest
 
 from distill.worker import CRASH_EXIT_CODE
 from infra.stack import Endpoints
-from tests.distill.stream_harness import FAUST_ENV, REPO_ROOT, free_port
+from tests.conftest import free_port
+from tests.distill.stream_harness import FAUST_ENV, REPO_ROOT
 
 HANGING_WORKER = """
 import asyncio, sys
@@ -27,7 +28,7 @@ from distill import worker
 
 worker.CRASH_EXIT_S = float(sys.argv[3])
 app = faust.App(sys.argv[2], broker="kafka://" + sys.argv[1], store="memory://", web_port=int(sys.argv[4]),
-                web_host="127.0.0.1", web_bind="127.0.0.1")
+                web_host="127.0.0.1", web_bind="127.0.0.1", datadir=sys.argv[5])
 
 @app.service
 class StopsNever(mode.Service):
@@ -46,7 +47,8 @@ worker.CrashExitingWorker(app, loglevel="warning").execute_from_commandline()
 def test_a_crashed_worker_whose_shutdown_hangs_still_exits(endpoints: Endpoints, tmp_path: Path) -> None:
     crash_exit_s = 3.0
     log = tmp_path / "worker.log"
-    args = [endpoints.kafka_bootstrap, f"hanging-{uuid.uuid4().hex[:8]}", str(crash_exit_s), str(free_port())]
+    app_id, data_dir = f"hanging-{uuid.uuid4().hex[:8]}", tmp_path / "data"  # not the repository (its cwd)
+    args = [endpoints.kafka_bootstrap, app_id, str(crash_exit_s), str(free_port()), str(data_dir)]
     with log.open("wb") as out:
         worker = subprocess.Popen(
             [sys.executable, "-c", HANGING_WORKER, *args],

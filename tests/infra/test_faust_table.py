@@ -23,7 +23,6 @@ import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -38,6 +37,7 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.serializer import DefaultSerializer
 
 from infra.stack import Endpoints
+from tests.conftest import free_port
 
 MakeTopic = Callable[..., str]  # the `make_topic` fixture: make_topic(partitions=N) -> topic name
 
@@ -49,12 +49,6 @@ STOP_S = 30.0  # for a worker to exit after SIGTERM
 LOG_TAIL_CHARS = 4_000
 
 UTF8 = DefaultSerializer()
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _keys(seed: int, count: int, distinct: int) -> list[str]:
@@ -204,7 +198,7 @@ def test_table_recovers_from_changelog_after_restart(
 
     workers: list[CounterWorker] = []
     try:
-        worker = CounterWorker({**env, "COUNTER_WEB_PORT": str(_free_port())}, tmp_path / "worker-1.log")
+        worker = CounterWorker({**env, "COUNTER_WEB_PORT": str(free_port())}, tmp_path / "worker-1.log")
         workers.append(worker)
         worker.wait_for_counts(snapshot, first)
         worker.stop()
@@ -218,7 +212,7 @@ def test_table_recovers_from_changelog_after_restart(
         assert sum(changelog_end.values()) >= len(first), f"changelog too short: {changelog_end}"
 
         snapshot.unlink()  # only the new worker's view of the table may satisfy the next wait
-        worker = CounterWorker({**env, "COUNTER_WEB_PORT": str(_free_port())}, tmp_path / "worker-2.log")
+        worker = CounterWorker({**env, "COUNTER_WEB_PORT": str(free_port())}, tmp_path / "worker-2.log")
         workers.append(worker)
         worker.wait_for_counts(snapshot, first)
 

@@ -1,4 +1,5 @@
-"""Background processes of the local stack: a service put at a lower CPU priority stays there, forks included."""
+"""Background processes of the local stack: a service put at a lower CPU priority stays there, forks included;
+a component that never answers fails ``up`` with what its log last said."""
 
 from __future__ import annotations
 
@@ -9,8 +10,11 @@ from pathlib import Path
 import psutil
 import pytest
 
+from infra.errors import ServiceStartError
 from infra.processes import ManagedProcess, wait_until
-from infra.stack import Stack
+from infra.settings import StackSettings
+from infra.stack import ComponentSpec, Endpoints, Stack
+from tests.conftest import free_port
 
 # Forks a worker at once, and another once the file named by argv[1] exists (as a server replaces a worker).
 FORKS = """
@@ -65,3 +69,29 @@ def test_the_stacks_mlflow_server_yields_the_cpu_to_serving(stack: Stack) -> Non
     for member in members:
         assert os.getpriority(os.PRIO_PROCESS, member) == 10
         assert _autogroup_nice(member) in (None, 10)
+
+
+def test_a_component_that_never_answers_fails_up_with_the_end_of_its_log(
+    endpoints: Endpoints, fresh_database: str, tmp_path: Path
+) -> None:
+    """The error shows why: ``liveloop demo`` purges the state folder (and the log in it) as it exits."""
+    settings = StackSettings(
+        state_dir=tmp_path / "state",
+        kafka_bootstrap=endpoints.kafka_bootstrap,
+        postgres_dsn=fresh_database,
+        mlflow_url=endpoints.mlflow_url,
+        component_startup_timeout_s=3,
+    )
+    script = "import time; print('[Errno 98] address already in use', flush=True); time.sleep(60)"
+    silent = ComponentSpec(
+        name="silent",
+        argv=[sys.executable, "-c", script],
+        health_url=f"http://127.0.0.1:{free_port()}/healthz",
+        restart=False,
+    )
+    stack = Stack(settings)
+    try:
+        with pytest.raises(ServiceStartError, match=r"(?s)silent was not healthy within 3 s.*address already in use"):
+            stack.up([silent])
+    finally:
+        stack.down(["silent"])
