@@ -17,7 +17,7 @@ measured without this warm-up).
     Also recorded (``live``), in fewer runs: each side started and proven ready first (a probe goes
     all the way through), then timed from the first event sent, as fast as a kafka-python producer
     sends, until the last output. That was this benchmark's method until 2026-12-04; the producer's
-    own rate (5,000-7,000 events/s here) bounds the passthrough there, and its CPU slows the distiller,
+    own rate (4,600-7,100 events/s here) bounds the passthrough there, and its CPU slows the distiller,
     so that ratio says more about the load generator than about either side.
 (b) ``distill_latency_p99``: seconds from producing a session's last events (the accept and the
     ``session.ended``) to its sample's timestamp on the samples topic, at a steady 2,000 events/s;
