@@ -22,6 +22,19 @@ from infra.stack import Endpoints, Stack
 from infra.topics import ensure_topics
 
 
+def _ephemeral_ports_start() -> int:
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768  # Linux's default
+    return max(min(low, 32768), 16_000)  # at least 6,000 ports to draw from, even on an odd machine
+
+
+_BELOW_EPHEMERAL = _ephemeral_ports_start()
+_PORTS = random.SystemRandom()  # not the seeded `random`: every test would draw the same ports
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
     """A TCP port nobody listens on right now, and that no outgoing connection will take before it is used.
 
@@ -30,7 +43,7 @@ def free_port() -> int:
     client connection (to Kafka, say, and held open) could take it, and the service could never start.
     So the port is drawn below that range, and never twice in one test session.
     """
-    below = _ephemeral_ports_start()
+    below = _BELOW_EPHEMERAL
     for _ in range(1000):
         port = _PORTS.randrange(10_000, below)
         if port in _HANDED_OUT:
@@ -43,18 +56,6 @@ def free_port() -> int:
         _HANDED_OUT.add(port)
         return port
     raise RuntimeError(f"no free TCP port between 10000 and {below}")
-
-
-_PORTS = random.SystemRandom()  # not the seeded `random`: every test would draw the same ports
-_HANDED_OUT: set[int] = set()
-
-
-def _ephemeral_ports_start() -> int:
-    try:
-        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        low = 32768  # Linux's default
-    return max(min(low, 32768), 16_000)  # at least 6,000 ports to draw from, even on an odd machine
 
 
 def stack_settings(state_dir: Path) -> StackSettings:
