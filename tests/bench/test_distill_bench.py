@@ -14,6 +14,12 @@ measured without this warm-up).
     its first output record to its last (broker timestamps): start-up, group join and recovery come
     before the first, and no load generator shares the two cores with it. Goal: at least 0.5 of the
     passthrough.
+    Also recorded (``cpu``): each side's CPU time per event over that window (its process's user and
+    system time, sampled from a thread) and how many cores the side and the whole machine kept busy,
+    which tells what bounds each side. Measured here on 2026-12-04: the passthrough spends about
+    23 us per event on half a core while the machine is busy on both (the broker bounds it); the
+    distiller spends 100-130 us per event on 0.85 of a core, with half a core to spare (its own core
+    bounds it).
     Also recorded (``live``), in fewer runs: each side started and proven ready first (a probe goes
     all the way through), then timed from the first event sent, as fast as a kafka-python producer
     sends, until the last output. That was this benchmark's method until 2026-12-04; the producer's
@@ -32,12 +38,15 @@ from __future__ import annotations
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import uuid
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import psutil
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 from distill.samples import parse_sample
@@ -57,6 +66,7 @@ LATENCY_SECONDS = 5.0
 RUNS = 3
 PROBES = 1  # sessions a distiller processes before the clock starts (see ``distiller``)
 DRAIN_S = 300.0  # most a run waits for its last output
+CPU_SAMPLE_S = 0.05  # a filled-topic run's window is 3-5 s here
 
 Record = tuple[bytes, bytes, int]  # key, value, broker timestamp in ms
 
@@ -209,6 +219,62 @@ def distiller(endpoints: Endpoints, dsn: str, workdir: Path) -> StreamHarness:
     return harness
 
 
+@dataclass(frozen=True)
+class Cpu:
+    """The cores a side's process kept busy over a window, and the cores the whole machine did."""
+
+    process_cores: float
+    machine_cores: float
+
+
+@dataclass(frozen=True)
+class Throughput:
+    events_per_s: float
+    cpu: Cpu | None  # measured on a filled topic only
+
+
+class CpuSampler:
+    """A process's CPU time and the machine's busy time, sampled every :data:`CPU_SAMPLE_S` from a thread.
+
+    The window that counts (first to last output record, by broker time) is known only once the run is
+    over, so the sampler keeps the series and :meth:`between` reads the window off it afterwards.
+    """
+
+    def __init__(self, pid: int) -> None:
+        self._process = psutil.Process(pid)
+        self._series: list[tuple[float, float, float]] = []  # wall time, process CPU s, machine busy CPU s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, name="cpu-sampler", daemon=True)
+
+    def __enter__(self) -> CpuSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _sample(self) -> None:
+        while True:
+            try:
+                process = self._process.cpu_times()
+            except psutil.Error:  # the process has ended
+                return
+            m = psutil.cpu_times()
+            busy = m.user + m.nice + m.system + m.irq + m.softirq + m.steal  # Linux counts guests in user
+            self._series.append((time.time(), process.user + process.system, busy))
+            if self._stop.wait(CPU_SAMPLE_S):
+                return
+
+    def between(self, start: float, end: float) -> Cpu | None:
+        """The busy cores between two wall times (from the samples inside), or None with too few samples."""
+        inside = [sample for sample in self._series if start <= sample[0] <= end]
+        if len(inside) < 2:
+            return None
+        (t0, process0, machine0), (t1, process1, machine1) = inside[0], inside[-1]
+        return Cpu(process_cores=(process1 - process0) / (t1 - t0), machine_cores=(machine1 - machine0) / (t1 - t0))
+
+
 def percentile(values: list[float], q: float) -> float:
     """The ``q``-quantile (0..1) by nearest rank."""
     ordered = sorted(values)
@@ -218,7 +284,7 @@ def percentile(values: list[float], q: float) -> float:
 # -- (a) throughput ----------------------------------------------------------------------------------
 
 
-def _distill_throughput(endpoints: Endpoints, dsn: str, workdir: Path, filled: bool) -> float:
+def _distill_throughput(endpoints: Endpoints, dsn: str, workdir: Path, filled: bool) -> Throughput:
     """Events/s through a distiller: on a topic filled before it starts, or as the events are produced."""
     sessions = sessions_records(THROUGHPUT_SESSIONS, uuid.uuid4().hex[:8])
     records = [record for session in sessions for record in session]
@@ -227,15 +293,17 @@ def _distill_throughput(endpoints: Endpoints, dsn: str, workdir: Path, filled: b
         produce(harness.bootstrap, harness.events_topic, records)
         with harness:
             harness.start()
-            out = wait_for_records(harness.bootstrap, harness.samples_topic, len(sessions), distinct=True)
-        return _rate(out, len(records) / len(sessions))
+            assert harness.process is not None
+            with CpuSampler(harness.process.pid) as cpu:
+                out = wait_for_records(harness.bootstrap, harness.samples_topic, len(sessions), distinct=True)
+        return _filled_throughput(out, len(records) / len(sessions), cpu)
     with distiller(endpoints, dsn, workdir) as harness:
         started_at = produce(harness.bootstrap, harness.events_topic, records)
         out = wait_for_records(harness.bootstrap, harness.samples_topic, len(sessions) + PROBES, distinct=True)
-    return len(records) / (max(ts for _, _, ts in out) / 1000 - started_at)
+    return Throughput(len(records) / (max(ts for _, _, ts in out) / 1000 - started_at), None)
 
 
-def _passthrough_throughput(endpoints: Endpoints, workdir: Path, filled: bool) -> float:
+def _passthrough_throughput(endpoints: Endpoints, workdir: Path, filled: bool) -> Throughput:
     """Events/s through the passthrough, as :func:`_distill_throughput` measures the distiller."""
     sessions = sessions_records(THROUGHPUT_SESSIONS, uuid.uuid4().hex[:8])
     records = [record for session in sessions for record in session]
@@ -244,26 +312,31 @@ def _passthrough_throughput(endpoints: Endpoints, workdir: Path, filled: bool) -
         if filled:
             produce(baseline.bootstrap, baseline.source, records)
             baseline.start()
-            return _rate(wait_for_records(baseline.bootstrap, baseline.sink, len(records)), 1.0)
+            assert baseline.process is not None
+            with CpuSampler(baseline.process.pid) as cpu:
+                out = wait_for_records(baseline.bootstrap, baseline.sink, len(records))
+            return _filled_throughput(out, 1.0, cpu)
         baseline.start().wait_ready()
         started_at = produce(baseline.bootstrap, baseline.source, records)
         out = wait_for_records(baseline.bootstrap, baseline.sink, len(records) + 1)
     finally:
         baseline.close()
-    return len(records) / (max(ts for _, _, ts in out) / 1000 - started_at)
+    return Throughput(len(records) / (max(ts for _, _, ts in out) / 1000 - started_at), None)
 
 
-def _rate(out: list[Record], events_per_record: float) -> float:
-    """Events/s between the first and the last output record (by broker time): start-up, group join and
-    recovery all come before the first, so only the processing of a full topic is timed."""
-    stamps = sorted(ts for _, _, ts in out)
-    return (len(stamps) - 1) * events_per_record / ((stamps[-1] - stamps[0]) / 1000)
+def _filled_throughput(out: list[Record], events_per_record: float, cpu: CpuSampler) -> Throughput:
+    """Events/s between the first and the last output record (by broker time), and the CPU over that
+    window: start-up, group join and recovery all come before the first, so only the processing of a
+    full topic counts."""
+    stamps = sorted(ts / 1000 for _, _, ts in out)
+    rate = (len(stamps) - 1) * events_per_record / (stamps[-1] - stamps[0])
+    return Throughput(rate, cpu.between(stamps[0], stamps[-1]))
 
 
 def test_distill_throughput(endpoints: Endpoints, fresh_database: str, tmp_path: Path) -> None:
     _passthrough_throughput(endpoints, tmp_path, filled=True)  # the warm-up round (see the module docstring)
     _distill_throughput(endpoints, fresh_database, tmp_path / "warm-up", filled=True)
-    runs: dict[str, list[float]] = {"distilled": [], "passed": [], "live_distilled": [], "live_passed": []}
+    runs: dict[str, list[Throughput]] = {"distilled": [], "passed": [], "live_distilled": [], "live_passed": []}
     for run in range(THROUGHPUT_RUNS):
         # Alternate which side goes first, so that neither always meets a freshly idle machine.
         sides = [
@@ -280,13 +353,15 @@ def test_distill_throughput(endpoints: Endpoints, fresh_database: str, tmp_path:
             ]
         for name, measure in sides if run % 2 == 0 else reversed(sides):
             runs[name].append(measure())
-    live = {name: statistics.median(values) for name, values in runs.items() if name.startswith("live_")}
+    rates = {name: [run.events_per_s for run in measured] for name, measured in runs.items()}
+    live = {name: statistics.median(values) for name, values in rates.items() if name.startswith("live_")}
+    cpu = {side: _cpu_figures(runs[name]) for side, name in (("distill", "distilled"), ("baseline", "passed"))}
     write_result(
         name="distill_throughput",
         unit="events/s",
-        value=statistics.median(runs["distilled"]),
+        value=statistics.median(rates["distilled"]),
         baseline_name="aiokafka consume-and-produce passthrough of the same events (acks=all), both on a filled topic",
-        baseline_value=statistics.median(runs["passed"]),
+        baseline_value=statistics.median(rates["passed"]),
         goal_ratio=0.5,
         runs=THROUGHPUT_RUNS,
         extra={
@@ -295,18 +370,37 @@ def test_distill_throughput(endpoints: Endpoints, fresh_database: str, tmp_path:
             "partitions": PARTITIONS,
             "tick_interval_s": 1.0,
             "warm_up_rounds": 1,
-            "distill_runs": runs["distilled"],
-            "baseline_runs": runs["passed"],
+            "distill_runs": rates["distilled"],
+            "baseline_runs": rates["passed"],
+            "cpu": {
+                "note": "over each filled-topic run's window: the side's process CPU time (user + system) per event, "
+                "the cores it kept busy and the cores the whole machine did (broker, database and reader included); "
+                "medians of the runs",
+                **cpu,
+            },
             "live": {
                 "note": "events produced during the run, timed from the first sent (the producer bounds the baseline)",
                 "ratio": live["live_distilled"] / live["live_passed"],
                 "distill_events_per_s": live["live_distilled"],
                 "baseline_events_per_s": live["live_passed"],
-                "distill_runs": runs["live_distilled"],
-                "baseline_runs": runs["live_passed"],
+                "distill_runs": rates["live_distilled"],
+                "baseline_runs": rates["live_passed"],
             },
         },
     )
+    print(f"[bench] distill_throughput CPU, medians: distiller {cpu['distill']}, passthrough {cpu['baseline']}")
+
+
+def _cpu_figures(measured: list[Throughput]) -> dict[str, float] | None:
+    """Medians of the runs' CPU figures, or None where no run had enough samples to tell."""
+    timed = [(run.events_per_s, run.cpu) for run in measured if run.cpu is not None]
+    if not timed:
+        return None
+    return {
+        "us_per_event": round(statistics.median(cpu.process_cores / rate * 1e6 for rate, cpu in timed), 1),
+        "process_cores": round(statistics.median(cpu.process_cores for _, cpu in timed), 2),
+        "machine_cores": round(statistics.median(cpu.machine_cores for _, cpu in timed), 2),
+    }
 
 
 # -- (b) latency -------------------------------------------------------------------------------------
