@@ -1,19 +1,21 @@
 """The distiller: a Faust app that turns live sessions into reward samples.
 
-Two agents, each a stream of its own, each taking its stream in batches (``noack_take``): a
-batch reads each table key once and writes it once (``distill.batch``), its records are sent
-without waiting for each acknowledgement, and its input records are acknowledged only once it is
-done, so that a batch that fails part-way is never committed.
+Two stages, each taking its input in batches: a batch reads each table key once and writes it once
+(``distill.batch``), its records are sent without waiting for each acknowledgement, and its input
+records are acknowledged only once it is done, so that a batch that fails part-way is never committed.
 
 1. ``sessionize`` reads the events topic (keyed by session) and a ticks topic with the same
-   partitions, and keeps each session's state (``distill.sessions``) in a changelog-backed table.
+   partitions, whole fetches at a time (``distill.fetches``: a task of the app, not an agent, as
+   Faust's per-record delivery cost more than the stage's own work), and keeps each session's state
+   (``distill.sessions``) in a changelog-backed table.
    An event moves the session's state machine; a tick (sent by a timer to every partition) finalises
    the generations whose windows closed, so timers survive restarts: the deadlines live in the table.
    Scored samples go to an internal topic, on their user's partition, a batch's samples for one
    partition in one record (``distill.scored``: one record per sample cost more than scoring it).
-2. ``admit`` reads that topic and applies the per-user cap (a table keyed by user, so the cap holds
-   across every session of the user), then publishes admitted samples to the samples topic and
-   stores them with their lineage in PostgreSQL (the audit store), batch by batch (``distill.sink``).
+2. ``admit``, an agent (``noack_take``), reads that topic and applies the per-user cap (a table
+   keyed by user, so the cap holds across every session of the user), then publishes admitted
+   samples to the samples topic and stores them with their lineage in PostgreSQL (the audit
+   store), batch by batch (``distill.sink``).
    A batch is stored while the next is admitted, and its records are acknowledged once it is stored.
 
 Delivery is at least once, without waiting for each acknowledgement: Faust flushes the producer
@@ -38,6 +40,7 @@ from distill import tuning
 from distill.admission import ScoredSample, UserAdmissions
 from distill.batch import TableBatch
 from distill.deadlines import DeadlineIndex
+from distill.fetches import Fetches
 from distill.metrics import METRICS, render
 from distill.samples import parse_sample
 from distill.scored import ScoredRecords, partition_of, samples_of
@@ -103,10 +106,13 @@ def build_app(settings: DistillSettings, spec: RewardSpec | None = None) -> faus
         # carry on after the batch it failed, whose records Faust may already count as processed.
         agent_supervisor=mode.CrashingSupervisor,
     )
-    tuning.install(app, settings.fetch_max_wait_s)
     ticks_name = f"{settings.app_id}-ticks"
+    # Pending records bound the worker's memory as an agent's buffer would (fetching waits above this).
+    fetches = Fetches([settings.events_topic, ticks_name], max_pending=4 * settings.batch_max_events)
+    tuning.install(app, settings.fetch_max_wait_s, fetches)
     ticks = app.topic(ticks_name, partitions=settings.partitions, internal=True, schema=tuning.RAW)
     source = app.topic(settings.events_topic, ticks_name, schema=tuning.RAW)
+    app.topics.add(source)  # subscribed, though no agent reads it: its records go to ``fetches``
     scored_name = f"{settings.app_id}-scored"  # its records: distill.scored
     scored = app.topic(scored_name, partitions=settings.partitions, internal=True, schema=tuning.RAW)
     dlq = app.topic(settings.dlq_topic, schema=tuning.RAW)
@@ -156,28 +162,29 @@ def build_app(settings: DistillSettings, spec: RewardSpec | None = None) -> faus
 
     async def on_event(
         batch: TableBatch[SessionState],
-        event: Any,
+        record: Any,
+        partition: int,
         outcomes: list[tuple[Outcome, SessionState]],
         touched: dict[bytes, tuple[int, SessionState]],
     ) -> bool:
-        """Apply one event to its session and note the session in ``touched``; False if it was not read (it
-        went to the dead-letter topic)."""
-        key: bytes | None = event.key
+        """Apply one event (a fetched record of ``partition``) to its session and note the session in
+        ``touched``; False if it was not read (it went to the dead-letter topic)."""
+        key: bytes | None = record.key
         try:
             # The fast reader takes what ingest let through; anything doubtful gets parse_event's verdict.
-            parsed = parse_clean_event(event.value) or parse_event(event.value)
+            parsed = parse_clean_event(record.value) or parse_event(record.value)
         except InvalidEvent as exc:
-            letter = DeadLetter.of(event.value, exc.reason, "distill", field=exc.field)
+            letter = DeadLetter.of(record.value, exc.reason, "distill", field=exc.field)
             await (await dlq.send(key=key, value=letter.to_json()))
             METRICS.dead_letters.inc()
             return False
         session = key or parsed.session_id.encode()
-        state = batch.get(session, event)
+        state = batch.get(session, partition)
         wall = time.time()
         outcome = apply_event(state, parsed, spec, wall)
         settle_outbox(state, wall, SETTLED_AFTER_S)
         outcomes.append((outcome, state))
-        touched[session] = (event.message.partition, state)
+        touched[session] = (partition, state)
         return True
 
     def index_deadlines(touched: dict[bytes, tuple[int, SessionState]]) -> None:
@@ -187,12 +194,11 @@ def build_app(settings: DistillSettings, spec: RewardSpec | None = None) -> faus
             deadlines.update(session, partition, state)
         touched.clear()
 
-    def on_tick(batch: TableBatch[SessionState], event: Any, outcomes: list[tuple[Outcome, SessionState]]) -> None:
-        partition = event.message.partition
+    def on_tick(batch: TableBatch[SessionState], partition: int, outcomes: list[tuple[Outcome, SessionState]]) -> None:
         now = datetime.now(UTC)
         wall = now.timestamp()
         for key in deadlines.due(partition, wall):
-            state = batch.get(key, event)
+            state = batch.get(key, partition)
             outcomes.append((apply_tick(state, now, spec), state))
             settle_outbox(state, wall, SETTLED_AFTER_S)
             if expired(state, wall, spec):
@@ -219,31 +225,32 @@ def build_app(settings: DistillSettings, spec: RewardSpec | None = None) -> faus
     async def on_revoked(app: Any, revoked: Any, **kwargs: Any) -> None:
         deadlines.reset()
 
-    @app.agent(source)
-    async def sessionize(stream: Any) -> None:
-        # ``noack_take``, not ``take_events``: take_events acknowledges a batch's records once the batch is
-        # given up, also when it failed part-way, and the worker's final commit then moves past them.
-        async for events in stream.noack_take(batch_size, within=within):
-            if not deadlines.built:
-                await recover()  # before this batch reads the table: it sees what was there at the start
-            batch = TableBatch(sessions, SessionState.load, SessionState.dump)
-            outcomes: list[tuple[Outcome, SessionState]] = []
-            read = 0  # counted once per batch, as publish counts: each inc of a counter takes a lock
-            touched: dict[bytes, tuple[int, SessionState]] = {}
-            for event in events:
-                if event.message.topic == ticks_name:
-                    index_deadlines(touched)  # a tick sees every deadline the events before it moved
-                    on_tick(batch, event, outcomes)
-                else:
-                    read += await on_event(batch, event, outcomes, touched)
-            index_deadlines(touched)
-            METRICS.events.inc(read)
-            await publish(outcomes)
-            # Samples first, then the state that says they were published: a crash in between re-reads
-            # the batch (its offsets are not committed) and the outbox covers what a re-read cannot.
-            await batch.write()
-            for event in events:
-                await stream.ack(event)
+    @app.task  # type: ignore[untyped-decorator]
+    async def sessionize() -> None:
+        """Events and ticks, whole fetches at a time (``distill.fetches``); a failure crashes the worker."""
+        consumer: Any = app.consumer  # distill.tuning's
+        while True:
+            async with fetches.batch(batch_size) as fetched:
+                if not deadlines.built:
+                    await recover()  # before this batch reads the table: it sees what was there at the start
+                batch = TableBatch(sessions, SessionState.load, SessionState.dump)
+                outcomes: list[tuple[Outcome, SessionState]] = []
+                read = 0  # counted once per batch, as publish counts: each inc of a counter takes a lock
+                touched: dict[bytes, tuple[int, SessionState]] = {}
+                for part in fetched:
+                    if part.tp.topic == ticks_name:
+                        index_deadlines(touched)  # a tick sees every deadline the events before it moved
+                        on_tick(batch, part.partition, outcomes)  # one will do: every tick says "now"
+                    else:
+                        for record in part.records:
+                            read += await on_event(batch, record, part.partition, outcomes, touched)
+                index_deadlines(touched)
+                METRICS.events.inc(read)
+                await publish(outcomes)
+                # Samples first, then the state that says they were published: a crash in between re-reads
+                # the batch (its offsets are not committed) and the outbox covers what a re-read cannot.
+                await batch.write()
+                consumer.ack_fetched(fetched)
 
     @app.timer(interval=settings.tick_interval_s, on_leader=True)  # type: ignore[untyped-decorator]
     async def tick() -> None:
@@ -283,7 +290,7 @@ def build_app(settings: DistillSettings, spec: RewardSpec | None = None) -> faus
                 # partition is each user's.
                 for sample_json in samples_of(event.value):
                     sample = ScoredSample.model_validate_json(sample_json)
-                    if batch.get(sample.user_id.encode(), event).admit(sample, spec.guards):
+                    if batch.get(sample.user_id.encode(), event.message.partition).admit(sample, spec.guards):
                         # No wait for the acknowledgement: Faust flushes the producer before it commits the
                         # offset of this record, so a crash re-reads the record and publishes the sample again.
                         await send(settings.samples_topic, sample.sample_id.encode(), sample_json)

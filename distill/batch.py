@@ -1,9 +1,9 @@
 """Table access for a batch of stream events: each key read once, written once, on its own partition.
 
-The distiller's agents take their streams in batches (``stream.noack_take``), because a Faust table
-write is a changelog record: per event, a session of four events would write its whole state four
-times. A :class:`TableBatch` holds the values a batch touches in memory, reads each from the table on
-first use and writes each back once when the batch is done.
+The distiller's stages take their input in batches (``distill.fetches``, ``stream.noack_take``),
+because a Faust table write is a changelog record: per event, a session of four events would write
+its whole state four times. A :class:`TableBatch` holds the values a batch touches in memory, reads
+each from the table on first use and writes each back once when the batch is done.
 
 It writes past the table's own per-key path (``table[key] = value``): that path hands each changelog
 record to Faust's send buffer with a future and a callback, and the callback writes the record's offset
@@ -16,8 +16,9 @@ recorded offset on, as before.
 
 Faust decides a table key's partition (its changelog partition, and which local RocksDB it lives
 in) from the event being processed (``faust.current_event()``); inside a batch that is not the
-event a key came with, so every read and write here runs under the event that brought the key,
-which keeps a key's state on its events' partition as per-event processing did.
+event a key came with, and ``distill.fetches`` makes no events at all, so every read and write here
+runs under a stand-in for an event of the key's partition (the partition is all a store reads of
+it), which keeps a key's state on its events' partition as per-event processing did.
 """
 
 from __future__ import annotations
@@ -36,14 +37,39 @@ V = TypeVar("V")
 
 # Faust keeps the event being processed in this context variable (set by its stream iterator, read by
 # ``faust.current_event()`` and by the tables); there is no public setter.
-_CURRENT_EVENT = streams._current_event
+_CURRENT_EVENT: Any = streams._current_event
 
 
 @dataclass
 class _Entry(Generic[V]):
     value: V | None  # None: deleted
-    event: Any  # the event that brought the key: its partition is the key's
+    partition: int  # that of the events that brought the key
     stored: bool  # whether the table holds the key (before this batch, or written in it)
+
+
+@dataclass(frozen=True)
+class _Message:
+    partition: int
+
+
+class _OnPartition:
+    """What Faust's stores read of the current event: its message's partition."""
+
+    __slots__ = ("__weakref__", "message")
+
+    def __init__(self, partition: int) -> None:
+        self.message = _Message(partition)
+
+
+# One per partition, held for good: the context variable holds a weak reference.
+_ON_PARTITION: dict[int, _OnPartition] = {}
+
+
+def _on_partition(partition: int) -> _OnPartition:
+    event = _ON_PARTITION.get(partition)
+    if event is None:
+        event = _ON_PARTITION[partition] = _OnPartition(partition)
+    return event
 
 
 class TableBatch(Generic[V]):
@@ -58,11 +84,11 @@ class TableBatch(Generic[V]):
         self._dump = dump
         self._entries: dict[bytes, _Entry[V]] = {}
 
-    def get(self, key: bytes, event: Any) -> V:
-        """The key's current value: read from the table under ``event`` the first time the batch asks."""
+    def get(self, key: bytes, partition: int) -> V:
+        """The key's current value: read from the table's ``partition`` the first time the batch asks."""
         entry = self._entries.get(key)
         if entry is None:
-            token = _CURRENT_EVENT.set(weakref.ref(event))
+            token = _CURRENT_EVENT.set(weakref.ref(_on_partition(partition)))
             try:
                 # The store, not the table: the table's own lookup asks the store whether it holds the key
                 # and then reads it, two RocksDB reads where one does.
@@ -70,7 +96,7 @@ class TableBatch(Generic[V]):
             finally:
                 _CURRENT_EVENT.reset(token)
             value = self._load(raw)
-            self._entries[key] = _Entry(value, event, raw is not None)
+            self._entries[key] = _Entry(value, partition, raw is not None)
             return value
         if entry.value is None:  # deleted earlier in this batch: the table will not hold it
             entry.value = self._load(None)
@@ -94,9 +120,9 @@ class TableBatch(Generic[V]):
         for key, entry in self._entries.items():
             if entry.value is None and not entry.stored:
                 continue
-            partition = entry.event.message.partition
+            partition = entry.partition
             value = None if entry.value is None else self._dump(entry.value)
-            token = _CURRENT_EVENT.set(weakref.ref(entry.event))  # the store picks the key's partition by it
+            token = _CURRENT_EVENT.set(weakref.ref(_on_partition(partition)))  # the store reads the partition
             try:
                 if value is not None:
                     store[key] = value
