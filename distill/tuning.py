@@ -1,6 +1,6 @@
 """Faust, tuned for the distiller: what its per-record machinery costs, cut where no guarantee depends on it.
 
-Six changes, all below the app (the agents, tables and commits are Faust's own):
+Six changes, all below the app's own logic (the agents, tables, changelogs and commits are Faust's):
 
 - **Whole fetches.** The records of the topics a :class:`distill.fetches.Fetches` names leave each
   fetch before Faust's per-record delivery sees them, and go there whole, to be acknowledged by
@@ -170,15 +170,18 @@ class _Consumer(EagerDelivery, driver.Consumer):
     async def _wait_next_records(self, timeout: float) -> tuple[RecordMap | None, set[TP] | None]:
         """Faust's fetch, less the records of :attr:`fetches`' topics, which go there whole
         (``distill.fetches``); ``getmany`` turns the rest into messages one by one as before."""
-        generation = self.app.consumer_generation_id
         records, active = await super()._wait_next_records(timeout)
         fetches = self.fetches
         if not records or fetches is None:
             return records, active
+        # As getmany: the generation the fetch returned in, not the one it started in (the fetch may have
+        # waited out a rebalance, and its records come from the positions that rebalance sought to).
+        generation = self.app.consumer_generation_id
         taken: list[Fetched] = []
         for tp in [tp for tp in records if tp.topic in fetches.topics]:
             fetched = records.pop(tp)  # type: ignore[attr-defined]  # the driver's own dict
-            # What getmany and the fetcher would have delivered of them, and nothing else.
+            # What getmany and the fetcher would have delivered of them, and nothing else. A record left out
+            # here is read again only if the flow stopped (getmany then seeks back to the committed offsets).
             if not self.flow_active or generation != self.app.consumer_generation_id:
                 continue
             if not (active is None or tp in active or tp in self._buffered_partitions):

@@ -16,10 +16,12 @@ measured without this warm-up).
     passthrough.
     Also recorded (``cpu``): each side's CPU time per event over that window (its process's user and
     system time, sampled from a thread) and how many cores the side and the whole machine kept busy,
-    which tells what bounds each side. Measured here on 2026-12-04: the passthrough spends about
-    23 us per event on half a core while the machine is busy on both (the broker bounds it); the
-    distiller spends 100-130 us per event on 0.85 of a core, with half a core to spare (its own core
-    bounds it).
+    which tells what bounds each side. Measured here on 2026-12-04: the passthrough spends 22-28 us
+    per event on half a core while the machine is busy on both (the broker bounds it). The distiller
+    spent 100-130 us per event on 0.85 of a core, with half a core to spare (its own core bound it),
+    until its events stage took whole fetches (``distill.fetches``): since then 32-33 us, and it
+    outpaces the passthrough, which sends every event on while the distiller sends one sample per
+    session.
     Also recorded (``live``), in fewer runs: each side started and proven ready first (a probe goes
     all the way through), then timed from the first event sent, as fast as a kafka-python producer
     sends, until the last output. That was this benchmark's method until 2026-12-04; the producer's

@@ -26,6 +26,7 @@ import time
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, NoReturn
@@ -211,6 +212,7 @@ class StreamHarness:
         self.log_path = workdir / f"worker-{tag}.log"
         self._client: Client | None = None
         self._producer: Any = None
+        self._members: list[Member] = []
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -299,9 +301,11 @@ class StreamHarness:
         process.wait(timeout=STOP_S)
 
     def close(self) -> None:
-        """Kill a worker still running, deliver what the SDK holds, close the clients."""
+        """Kill a worker still running (members too), deliver what the SDK holds, close the clients."""
         if self.running:
             self.kill()
+        for member in self._members:
+            member.kill()
         if self._client is not None:
             self._client.close(timeout=10)
             self._client = None
@@ -354,21 +358,35 @@ class StreamHarness:
 
     def metrics(self) -> dict[str, float]:
         """The worker's ``/metrics`` as ``{"name{labels}": value}``; empty if it does not answer."""
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.web_port}/metrics", timeout=5) as response:
-                text = response.read().decode()
-        except OSError:
-            return {}
-        values: dict[str, float] = {}
-        for line in text.splitlines():
-            if line and not line.startswith("#"):
-                name, _, value = line.rpartition(" ")
-                values[name] = float(value)
-        return values
+        return worker_metrics(self.web_port)
 
     def metric(self, name: str) -> float:
         """One unlabelled metric; 0 when the worker does not answer (yet)."""
         return self.metrics().get(name, 0.0)
+
+    def start_member(self, name: str) -> Member:
+        """Start one more worker of the same app, with a data folder and a web port of its own: the consumer
+        group shares the partitions out between it and the harness's worker. The caller stops it."""
+        port = free_port()
+        env = {
+            **self.env(),
+            "LIVELOOP_DISTILL_DATA_DIR": str(self.settings.data_dir.with_name(f"{self.settings.data_dir.name}-{name}")),
+            "LIVELOOP_DISTILL_WEB_PORT": str(port),
+        }
+        log_path = self.log_path.with_name(f"{self.log_path.stem}-{name}.log")
+        with log_path.open("ab") as log:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "distill.app"],
+                cwd=REPO_ROOT,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        member = Member(process, port, log_path)
+        self._members.append(member)
+        return member
 
     # -- input -----------------------------------------------------------------------------------
 
@@ -435,6 +453,51 @@ class StreamHarness:
     def topic_samples(self, timeout: float = 60.0) -> list[tuple[bytes, bytes]]:
         """Every ``(key, value)`` record on the samples topic, from the beginning to the current end."""
         return read_topic(self.bootstrap, self.samples_topic, timeout)
+
+
+@dataclass
+class Member:
+    """Another worker of a harness's app (:meth:`StreamHarness.start_member`)."""
+
+    process: subprocess.Popen[bytes]
+    web_port: int
+    log_path: Path
+
+    def metric(self, name: str) -> float:
+        """One unlabelled metric; 0 when the worker does not answer (yet)."""
+        return worker_metrics(self.web_port).get(name, 0.0)
+
+    def stop(self, timeout: float = STOP_S) -> int:
+        """SIGTERM and wait for the worker to leave the group and exit; return its exit code."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+                pytest.fail(f"a member did not exit within {timeout} s of SIGTERM; log: {self.log_path}")
+        return int(self.process.returncode)
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait(timeout=STOP_S)
+
+
+def worker_metrics(port: int) -> dict[str, float]:
+    """A worker's ``/metrics`` as ``{"name{labels}": value}``; empty if it does not answer."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+            text = response.read().decode()
+    except OSError:
+        return {}
+    values: dict[str, float] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            values[name] = float(value)
+    return values
 
 
 def read_topic(bootstrap: str, topic: str, timeout: float = 60.0) -> list[tuple[bytes, bytes]]:

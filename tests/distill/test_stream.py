@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import shutil
+import threading
 import time
 import uuid
 from collections import defaultdict
@@ -182,6 +183,63 @@ def test_sigkill_mid_stream_loses_nothing_and_duplicates_only_by_sample_id(make_
         f"\nrestart: {processed_before_kill} samples stored before SIGKILL, {len(records)} records on the "
         f"samples topic for {sessions} generations ({len(records) - sessions} re-published)"
     )
+    assert harness.stop() == 0
+
+
+@pytest.mark.skip(
+    reason="known loss, not fixed yet: about one run in two, a rebalance mid-stream leaves 30-50 sessions around "
+    "the hand-over without a sample (the same with the agent-based stage before distill.fetches), and the "
+    "committed offset of the affected partitions can stop short of their last records"
+)
+@pytest.mark.timeout(300)
+def test_a_worker_joining_and_leaving_mid_stream_loses_nothing(make_harness: MakeHarness) -> None:
+    """Sessions stream in while a second worker joins the group and later leaves it: each move of
+    partitions between the workers (a rebalance) hands over what was fetched but not processed and
+    the tables' state, so every generation sent gets exactly one sample, under one sample id."""
+    harness = make_harness(name="rebalance", partitions=6)
+    harness.start()
+    harness.wait_ready()
+    now = datetime.now(UTC)
+    sent: list[uuid.UUID] = []
+    stop_sending = threading.Event()
+
+    def send() -> None:
+        # 100 sessions (400 events) every 0.2 s until told to stop: the stream runs through both rebalances.
+        while not stop_sending.is_set() and len(sent) < 20_000:
+            batch = [uuid.uuid5(NAMESPACE, f"rebalance/{len(sent) + i}") for i in range(100)]
+            harness.emit(
+                event
+                for i, generation_id in enumerate(batch, start=len(sent))
+                for event in simple_session(f"rebalance-{i}", generation_id, ts=now, user_id=f"user-{i % 2000}")
+            )
+            sent.extend(batch)
+            time.sleep(0.2)
+
+    sender = threading.Thread(target=send, daemon=True)
+    sender.start()
+    try:
+        harness.wait_until(lambda: harness.sample_count() > 0, 60, "samples to flow")
+        member = harness.start_member("second")
+        # It joined once it has processed events of partitions the first worker gave up.
+        harness.wait_until(lambda: member.metric("liveloop_distill_events_total") > 0, 120, "the member to take events")
+        time.sleep(2.0)
+        assert member.stop() == 0  # leaves the group: its partitions go back to the first worker
+        time.sleep(2.0)
+    finally:
+        stop_sending.set()
+        sender.join(timeout=60)
+    assert not sender.is_alive()
+    harness.wait_for_samples(len(sent), timeout=180, stable_s=2.0)
+
+    rows = harness.query("SELECT generation_id, count(*) FROM samples GROUP BY generation_id")
+    assert {row[0] for row in rows} == set(sent)
+    assert all(row[1] == 1 for row in rows)
+    ids_by_generation: dict[str, set[str]] = defaultdict(set)
+    for _, value in harness.topic_samples():
+        sample = parse_sample(value)
+        ids_by_generation[str(sample.generation_id)].add(sample.sample_id)
+    assert set(ids_by_generation) == {str(g) for g in sent}, "the samples topic lacks a generation"
+    assert {len(ids) for ids in ids_by_generation.values()} == {1}, "a generation published under two ids"
     assert harness.stop() == 0
 
 
