@@ -61,9 +61,15 @@ class _OnPartition:
         self.message = _Message(partition)
 
 
-@functools.cache  # one per partition, held for good: the context variable holds a weak reference
+# One per partition, held for good: the context variable holds a weak reference.
+_ON_PARTITION: dict[int, _OnPartition] = {}
+
+
 def _on_partition(partition: int) -> _OnPartition:
-    return _OnPartition(partition)
+    event = _ON_PARTITION.get(partition)
+    if event is None:
+        event = _ON_PARTITION[partition] = _OnPartition(partition)
+    return event
 
 
 class TableBatch(Generic[V]):
