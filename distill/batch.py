@@ -61,15 +61,9 @@ class _OnPartition:
         self.message = _Message(partition)
 
 
-# One per partition, held for good: the context variable holds a weak reference.
-_ON_PARTITION: dict[int, _OnPartition] = {}
-
-
+@functools.cache  # one per partition, held for good: the context variable holds a weak reference
 def _on_partition(partition: int) -> _OnPartition:
-    event = _ON_PARTITION.get(partition)
-    if event is None:
-        event = _ON_PARTITION[partition] = _OnPartition(partition)
-    return event
+    return _OnPartition(partition)
 
 
 class TableBatch(Generic[V]):

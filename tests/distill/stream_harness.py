@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import IO, Any, NoReturn
 
 import psycopg
 import pytest
@@ -250,15 +250,7 @@ class StreamHarness:
         with self.log_path.open("ab") as log:
             log.write(f"\n===== start {self.starts} at {datetime.now(UTC).isoformat()} =====\n".encode())
             log.flush()
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "distill.app"],
-                cwd=REPO_ROOT,
-                env=self.env(),
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+            self.process = spawn_worker(self.env(), log)
 
     @property
     def running(self) -> bool:
@@ -283,22 +275,14 @@ class StreamHarness:
     def stop(self, timeout: float = STOP_S) -> int:
         """SIGTERM and wait for the worker to exit on its own; return its exit code. A hang fails the test."""
         process = self._process()
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.kill()
-                self.fail(f"the worker did not exit within {timeout} s of SIGTERM and was killed")
+        if not terminate(process, timeout):
+            self.kill()
+            self.fail(f"the worker did not exit within {timeout} s of SIGTERM and was killed")
         return int(process.returncode)
 
     def kill(self) -> None:
         """SIGKILL the worker's whole process group (no clean-up of any kind) and reap it."""
-        process = self._process()
-        if process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-        process.wait(timeout=STOP_S)
+        kill_group(self._process())
 
     def close(self) -> None:
         """Kill a worker still running (members too), deliver what the SDK holds, close the clients."""
@@ -375,16 +359,7 @@ class StreamHarness:
         }
         log_path = self.log_path.with_name(f"{self.log_path.stem}-{name}.log")
         with log_path.open("ab") as log:
-            process = subprocess.Popen(
-                [sys.executable, "-m", "distill.app"],
-                cwd=REPO_ROOT,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        member = Member(process, port, log_path)
+            member = Member(spawn_worker(env, log), port, log_path)
         self._members.append(member)
         return member
 
@@ -469,20 +444,45 @@ class Member:
 
     def stop(self, timeout: float = STOP_S) -> int:
         """SIGTERM and wait for the worker to leave the group and exit; return its exit code."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.kill()
-                pytest.fail(f"a member did not exit within {timeout} s of SIGTERM; log: {self.log_path}")
+        if not terminate(self.process, timeout):
+            self.kill()
+            pytest.fail(f"a member did not exit within {timeout} s of SIGTERM; log: {self.log_path}")
         return int(self.process.returncode)
 
     def kill(self) -> None:
-        if self.process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, signal.SIGKILL)
-        self.process.wait(timeout=STOP_S)
+        kill_group(self.process)
+
+
+def spawn_worker(env: Mapping[str, str], log: IO[bytes]) -> subprocess.Popen[bytes]:
+    """A ``python -m distill.app`` worker in a process group of its own, its output appended to ``log``."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "distill.app"],
+        cwd=REPO_ROOT,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
+def terminate(process: subprocess.Popen[bytes], timeout: float) -> bool:
+    """SIGTERM ``process`` (if it runs) and wait for it to exit; False if it did not within ``timeout``."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return False
+    return True
+
+
+def kill_group(process: subprocess.Popen[bytes]) -> None:
+    """SIGKILL ``process``'s whole process group (no clean-up of any kind) and reap it."""
+    if process.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+    process.wait(timeout=STOP_S)
 
 
 def worker_metrics(port: int) -> dict[str, float]:
