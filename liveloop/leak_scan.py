@@ -7,13 +7,17 @@ Searches every place the loop keeps data, each read the way its data can be seen
 - every table of every database on the PostgreSQL server, a row's whole text at a time
   (large values on disk are compressed too);
 - every file of the local state folder: MLflow's artifact store, the checkpoints, the journals,
-  the components' own state and the logs (the PostgreSQL cluster's files excepted: see above).
+  the components' own state and the logs (the PostgreSQL cluster's files excepted: see above); a
+  RocksDB store (the distiller's tables) also key by key, since its files compress whole blocks.
 
-A finding names the place and how many records, rows or files hold a string, never the string itself.
+A finding names the place (a topic, a table, a file) and how many records, rows or planted strings it
+holds, never the string itself. A topic that cannot be read to its end fails the scan: a partial read
+must not pass for a clean one.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -23,29 +27,56 @@ from psycopg import sql
 
 from infra.stack import Stack
 
+KAFKA_STALL_S = 60.0
+"""How long the scan waits on a topic that returns nothing before its end before it fails."""
+
 
 def scan_for_leaks(stack: Stack, secrets: Iterable[str], session_ids: Iterable[str]) -> dict[str, int]:
-    """place -> number of records/rows/files holding a secret or a private session; places with none left out.
-
-    A session id is looked for as a whole JSON string (``"sim-1"``, so that ``sim-12`` does not match
-    ``sim-1``) and as a whole Kafka key; a secret anywhere.
-    """
-    sessions = sorted({session for session in session_ids if session})
-    strings = sorted({secret for secret in secrets if secret} | {f'"{session}"' for session in sessions})
-    if not strings:
+    """place -> number of records/rows/strings holding a secret or a private session; places with none left out."""
+    needles, keys = planted_strings(secrets, session_ids)
+    if not needles:
         return {}
     found: dict[str, int] = {}
-    found.update(_kafka(stack.endpoints.kafka_bootstrap, [s.encode() for s in strings], {s.encode() for s in sessions}))
-    found.update(_postgres(stack.endpoints.dsn(), strings))
-    # Every file of the local state, read as bytes: MLflow's artifacts, the learner's checkpoints and
-    # journal, the gate's and the gateway's downloads, the SDK journals, the distiller's tables, the logs.
+    found.update(_kafka(stack.endpoints.kafka_bootstrap, needles, keys))
+    found.update(_postgres(stack.endpoints.dsn(), [needle.decode() for needle in needles]))
     # The PostgreSQL cluster's files are left out: its rows were read whole above.
-    state = stack.settings.state_dir.resolve()
-    cluster = stack.postgres.root_dir.resolve()
-    for entry in sorted(state.iterdir()) if state.is_dir() else []:
-        if entry.resolve() != cluster:
-            found.update(_files(entry, [s.encode() for s in strings]))
+    found.update(scan_files(stack.settings.state_dir.resolve(), needles, keys, skip=stack.postgres.root_dir.resolve()))
     return {place: count for place, count in found.items() if count}
+
+
+def planted_strings(secrets: Iterable[str], session_ids: Iterable[str]) -> tuple[list[bytes], set[bytes]]:
+    """``(needles, keys)``: the byte strings to look for anywhere, and the keys that must not be stored.
+
+    A session id is looked for as a whole JSON string (``"sim-1"``, so that ``sim-12`` does not match
+    ``sim-1``), also escaped inside another JSON string (``\\"sim-1\\"``: a stored event), and as a
+    whole Kafka or RocksDB key; a secret anywhere.
+    """
+    sessions = {session for session in session_ids if session}
+    quoted = {f'"{session}"' for session in sessions} | {f'\\"{session}\\"' for session in sessions}
+    needles = sorted({secret for secret in secrets if secret} | quoted)
+    return [needle.encode() for needle in needles], {session.encode() for session in sessions}
+
+
+def scan_files(state: Path, needles: list[bytes], keys: set[bytes], skip: Path | None = None) -> dict[str, int]:
+    """``files:<path>`` and ``rocksdb:<store>`` under ``state`` -> planted strings held; ``skip`` left out.
+
+    Every file is read as bytes: MLflow's artifacts, the learner's checkpoints and journal, the gate's
+    and the gateway's downloads, the SDK journals, the distiller's tables, the logs. A RocksDB store is
+    also read key by key (see :func:`_rocksdb`). ``skip`` is a folder right under ``state``.
+    """
+    found: dict[str, int] = {}
+    entries = [entry for entry in sorted(state.iterdir()) if entry.resolve() != skip] if state.is_dir() else []
+    for path in (path for entry in entries for path in [entry, *sorted(entry.rglob("*"))]):
+        if not path.is_file():
+            continue
+        try:
+            data = path.read_bytes()
+        except OSError:  # a file removed while the scan runs (a log rotated, a temporary folder)
+            continue
+        found[f"files:{path.relative_to(state)}"] = sum(needle in data for needle in needles)
+        if path.name == "CURRENT" and any(path.parent.glob("MANIFEST-*")):
+            found[f"rocksdb:{path.parent.relative_to(state)}"] = _rocksdb(path.parent, needles, keys)
+    return found
 
 
 def _kafka(bootstrap: str, needles: list[bytes], keys: set[bytes]) -> dict[str, int]:
@@ -60,10 +91,18 @@ def _kafka(bootstrap: str, needles: list[bytes], keys: set[bytes]) -> dict[str, 
             consumer.seek_to_beginning(*partitions)
             ends = consumer.end_offsets(partitions)
             hits = 0
+            # An empty poll is no proof of the end (a fetch can take longer than one poll on a busy
+            # machine): read on until every partition reaches its end offset, or fail.
+            stalled_since = time.monotonic()
             while any(consumer.position(tp) < end for tp, end in ends.items()):
                 batch = consumer.poll(timeout_ms=1000, max_records=5000)
-                if not batch:
-                    break
+                if batch:
+                    stalled_since = time.monotonic()
+                elif time.monotonic() - stalled_since > KAFKA_STALL_S:
+                    raise RuntimeError(
+                        f"the leak scan read nothing from {topic} for {KAFKA_STALL_S:g} s before its end offsets "
+                        f"{ {tp.partition: end for tp, end in ends.items()} }; it cannot say the topic is clean"
+                    )
                 for records in batch.values():
                     for record in records:
                         data = (record.key or b"") + b"\0" + (record.value or b"")
@@ -75,8 +114,7 @@ def _kafka(bootstrap: str, needles: list[bytes], keys: set[bytes]) -> dict[str, 
 
 
 def _postgres(dsn: str, needles: list[str]) -> dict[str, int]:
-    # LIKE's wildcards inside a needle ('_', '%') only widen the match: a false alarm, never a miss.
-    patterns = [f"%{needle}%" for needle in needles]
+    patterns = ["%" + needle.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%" for needle in needles]
     found: dict[str, int] = {}
     with psycopg.connect(dsn, autocommit=True) as conn:
         databases = [row[0] for row in conn.execute("SELECT datname FROM pg_database WHERE NOT datistemplate")]
@@ -107,13 +145,25 @@ def _postgres(dsn: str, needles: list[str]) -> dict[str, int]:
     return found
 
 
-def _files(entry: Path, needles: list[bytes]) -> dict[str, int]:
-    paths = [entry] if entry.is_file() else [path for path in entry.rglob("*") if path.is_file()]
-    hits = 0
-    for path in paths:
-        try:
-            data = path.read_bytes()
-        except OSError:  # a file removed while the scan runs (a log rotated, a temporary folder)
-            continue
-        hits += any(needle in data for needle in needles)
-    return {f"files:{entry.name}": hits}
+def _rocksdb(store: Path, needles: list[bytes], keys: set[bytes]) -> int:
+    """Planted strings in the keys and values of a RocksDB store, read through RocksDB; a key in ``keys`` counts too.
+
+    Its table files compress blocks (Snappy), where a repeated substring becomes a back-reference: a
+    string stored twice, or an id sharing a prefix with one stored before, does not appear in the
+    file's bytes. Opened read-only, which a writer that holds the store open allows.
+    """
+    from rocksdict import AccessType, Options, Rdict
+
+    held: set[bytes] = set()
+    db = Rdict(str(store), options=Options(raw_mode=True), access_type=AccessType.read_only())
+    try:
+        for key, value in db.items():
+            assert isinstance(key, bytes)  # raw mode: keys and values come back as the bytes stored
+            assert isinstance(value, bytes)
+            data = key + b"\0" + value
+            held.update(needle for needle in needles if needle in data)
+            if key in keys:
+                held.add(key)
+    finally:
+        db.close()
+    return len(held)

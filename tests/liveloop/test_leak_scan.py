@@ -1,0 +1,72 @@
+"""The leak scan's reading of the local state: every file as bytes, and RocksDB stores key by key.
+
+Its Kafka and PostgreSQL halves run in the demo (tests/liveloop/test_demo.py) and the fault drill
+(tests/reliability/test_faults.py) against the real services.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rocksdict import Options, Rdict
+
+from liveloop.leak_scan import planted_strings, scan_files
+
+RUN = "ab12cd34"
+PRIVATE = f"sim-{RUN}-123"
+
+
+def _distiller_store(store: Path, sessions: range) -> None:
+    """A RocksDB store shaped like the distiller's sessions table: key the session id, value its state,
+    which holds the session's events as JSON strings (so their ids appear escaped)."""
+    store.parent.mkdir(parents=True, exist_ok=True)
+    db = Rdict(str(store), options=Options(raw_mode=True))
+    try:
+        for n in sessions:
+            session = f"sim-{RUN}-{n}"
+            ended = json.dumps({"type": "session.ended", "session_id": session, "payload": {"reason": "done"}})
+            db[session.encode()] = json.dumps({"private": False, "ended": ended, "seen": [f"default:{n}"]}).encode()
+        db.flush()
+        db.compact_range(None, None)  # into a compressed table file, as a long-running worker's state ends up
+    finally:
+        db.close()
+
+
+def test_a_private_session_in_a_rocksdb_store_is_found_though_its_files_compress_it_away(tmp_path: Path) -> None:
+    store = tmp_path / "distill" / "v1" / "tables" / "sessions-0.db"
+    _distiller_store(store, range(200))
+    needles, keys = planted_strings([], [PRIVATE])
+
+    found = {place: count for place, count in scan_files(tmp_path, needles, keys).items() if count}
+
+    # The table file's compressed blocks hide both the key and the escaped id from a byte search...
+    assert not [place for place in found if place.startswith("files:")], found
+    # ...so the store is read through RocksDB: the key and the id inside the stored event.
+    assert found == {"rocksdb:distill/v1/tables/sessions-0.db": 2}
+
+
+def test_a_store_without_the_private_session_is_clean(tmp_path: Path) -> None:
+    _distiller_store(tmp_path / "distill" / "sessions-0.db", range(100))  # sessions 0-99: not 123, nor 12
+    needles, keys = planted_strings(["ghp_" + "a1" * 18], [PRIVATE, f"sim-{RUN}-1234"])
+
+    assert not any(scan_files(tmp_path, needles, keys).values())
+
+
+def test_a_secret_in_a_file_is_named_by_its_path_and_the_skipped_folder_is_not_read(tmp_path: Path) -> None:
+    secret = "AKIA" + "Q7" * 8
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "gateway.log").write_text(f"request failed: key {secret}\n", encoding="utf-8")
+    (tmp_path / "postgres" / "base").mkdir(parents=True)
+    (tmp_path / "postgres" / "base" / "16384").write_text(f"{secret} {PRIVATE}", encoding="utf-8")
+    (tmp_path / "gateway-journal").mkdir()
+    (tmp_path / "gateway-journal" / "0.seg").write_text(json.dumps({"session_id": PRIVATE}), encoding="utf-8")
+    needles, keys = planted_strings([secret], [PRIVATE])
+
+    found = {
+        place: count
+        for place, count in scan_files(tmp_path, needles, keys, skip=tmp_path / "postgres").items()
+        if count
+    }
+
+    assert found == {"files:logs/gateway.log": 1, "files:gateway-journal/0.seg": 1}
