@@ -152,6 +152,17 @@ def _rocksdb(store: Path, needles: list[bytes], keys: set[bytes]) -> int:
     string stored twice, or an id sharing a prefix with one stored before, does not appear in the
     file's bytes. Opened read-only, which a writer that holds the store open allows.
     """
+    # A read-only reader pins no files, so a compaction by the running writer can delete one under it:
+    # read again. (rocksdict raises plain Exceptions.)
+    for _ in range(2):
+        try:
+            return _held_in_store(store, needles, keys)
+        except Exception:
+            time.sleep(0.5)
+    return _held_in_store(store, needles, keys)  # a third failure is the scan's
+
+
+def _held_in_store(store: Path, needles: list[bytes], keys: set[bytes]) -> int:
     from rocksdict import AccessType, Options, Rdict
 
     held: set[bytes] = set()
