@@ -58,17 +58,16 @@ def planted_strings(secrets: Iterable[str], session_ids: Iterable[str]) -> tuple
 
 
 def scan_files(state: Path, needles: list[bytes], keys: set[bytes], skip: Path | None = None) -> dict[str, int]:
-    """``files:<path>`` and ``rocksdb:<store>`` under ``state`` -> planted strings held; ``skip`` left out.
+    """``files:<path>`` and ``rocksdb:<store>`` under ``state`` -> planted strings held, for the places that
+    hold any; ``skip``, a folder right under ``state``, left out.
 
     Every file is read as bytes: MLflow's artifacts, the learner's checkpoints and journal, the gate's
     and the gateway's downloads, the SDK journals, the distiller's tables, the logs. A RocksDB store is
-    also read key by key (see :func:`_rocksdb`). ``skip`` is a folder right under ``state``.
+    also read key by key (see :func:`_rocksdb`).
     """
+    entries = [entry for entry in state.iterdir() if entry.resolve() != skip] if state.is_dir() else []
     found: dict[str, int] = {}
-    entries = [entry for entry in sorted(state.iterdir()) if entry.resolve() != skip] if state.is_dir() else []
-    for path in (path for entry in entries for path in [entry, *sorted(entry.rglob("*"))]):
-        if not path.is_file():
-            continue
+    for path in sorted(path for entry in entries for path in [entry, *entry.rglob("*")] if path.is_file()):
         try:
             data = path.read_bytes()
         except OSError:  # a file removed while the scan runs (a log rotated, a temporary folder)
@@ -76,7 +75,7 @@ def scan_files(state: Path, needles: list[bytes], keys: set[bytes], skip: Path |
         found[f"files:{path.relative_to(state)}"] = sum(needle in data for needle in needles)
         if path.name == "CURRENT" and any(path.parent.glob("MANIFEST-*")):
             found[f"rocksdb:{path.parent.relative_to(state)}"] = _rocksdb(path.parent, needles, keys)
-    return found
+    return {place: count for place, count in found.items() if count}
 
 
 def _kafka(bootstrap: str, needles: list[bytes], keys: set[bytes]) -> dict[str, int]:
