@@ -71,7 +71,9 @@ def _goal(goal: dict[str, Any] | None) -> str:
 def _machine(machine: dict[str, Any] | None) -> str:
     if not machine:
         return ""
-    return f"{machine.get('cores', '?')} cores, {machine.get('machine', '')}, Python {machine.get('python', '')}"
+    described = f"{machine.get('cores', '?')} cores, {machine.get('machine', '')}, Python {machine.get('python', '')}"
+    load = machine.get("load_average_1m")
+    return described if load is None else f"{described}, load {load:g}"
 
 
 def row(result: dict[str, Any]) -> str:

@@ -20,6 +20,8 @@ def machine() -> dict[str, Any]:
     """What the numbers were measured on: they only compare within one machine."""
     return {
         "cores": os.cpu_count(),
+        # Other work on the machine moves absolute figures (and, less, ratios): say how busy it was.
+        "load_average_1m": round(os.getloadavg()[0], 2),
         "python": platform.python_version(),
         "platform": platform.platform(),
         "machine": platform.machine(),
