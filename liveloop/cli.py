@@ -107,7 +107,7 @@ def demo(
     ),
 ) -> None:
     """The main job: the whole loop live (traffic, rewards, learner, gate, hot-swap), then a report."""
-    from liveloop.demo import DemoOptions, run_demo
+    from liveloop.demo.run import DemoOptions, run_demo
 
     options = DemoOptions(
         minutes=minutes, seed=seed, profile=profile, report_dir=report, keep_running=keep_running, state_dir=state_dir

@@ -7,7 +7,7 @@
    its ``LIVELOOP_<STAGE>_*`` variable), and wait for the gateway to serve the champion;
 3. run the traffic simulator for ``minutes`` while a Rich view shows events, samples, the learner's
    step, checkpoints, gate decisions, the champion and acceptance by policy version;
-4. stop the simulator, write the report (:mod:`liveloop.report`), and ``down`` unless asked to keep
+4. stop the simulator, write the report (:mod:`liveloop.demo.report`), and ``down`` unless asked to keep
    the loop running.
 """
 
@@ -30,8 +30,8 @@ from infra.registry import CHAMPION, AliasNotSet, Registry, RegistryError
 from infra.settings import StackSettings
 from infra.stack import Stack
 from liveloop.components import loop_components
-from liveloop.leak_scan import scan_for_leaks
-from liveloop.report import collect_report, write_report
+from liveloop.demo.leak_scan import scan_for_leaks
+from liveloop.demo.report import collect_report, write_report
 
 # The compressed cadence of the demo, from the learnability experiment (tests/liveloop/
 # learnability_experiment.py): at lr 5e-4 a round of 64 samples per step lifts acceptance by
@@ -80,7 +80,7 @@ def make_base_model(stack: Stack, profile: str, seed: int) -> tuple[Path, int]:
     from learner.publish import register_base
     from learner.settings import LearnerSettings
     from learner.tiny_model import TinyModelSpec, build_tiny_model, byte_tokenizer
-    from liveloop.simulator.language import pretraining_corpus
+    from liveloop.demo.simulator.language import pretraining_corpus
 
     state = stack.settings.state_dir.resolve()
     source = state / "base-model"
@@ -96,8 +96,8 @@ def make_base_model(stack: Stack, profile: str, seed: int) -> tuple[Path, int]:
 
 def run_demo(options: DemoOptions, console: Console) -> dict[str, Any]:
     """Run the demo end to end; return the report (also written to ``options.report_dir``)."""
-    from liveloop.simulator.runner import Simulation
-    from liveloop.simulator.settings import SimulatorSettings
+    from liveloop.demo.simulator.runner import Simulation
+    from liveloop.demo.simulator.settings import SimulatorSettings
     from serving.settings import ServingSettings
 
     stack = Stack(StackSettings(state_dir=options.state_dir))

@@ -18,8 +18,8 @@ import psycopg
 from psycopg import sql
 
 from infra.stack import Stack
-from liveloop.simulator.stats import intervals_overlap
-from liveloop.simulator.summary import SimulationSummary
+from liveloop.demo.simulator.stats import intervals_overlap
+from liveloop.demo.simulator.summary import SimulationSummary
 
 _COUNT = sql.SQL("SELECT count(*) FROM {}")
 
