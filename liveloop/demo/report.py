@@ -1,36 +1,157 @@
-"""The demo's report: ``report.json`` (machine-readable), ``report.md`` (for people) and
-``acceptance.png`` (acceptance rate by policy version over time, swaps marked).
+"""The demo's report: :class:`DemoReport`, written as ``report.json`` (its ``model_dump_json``), ``report.md``
+(for people) and ``acceptance.png`` (acceptance by version over time, alias moves marked; :mod:`liveloop.demo.plot`).
 
-Acceptance per policy version comes from the simulator (what users did with each version's
-completions); rewards, deferrals and the lineage come from the audit store; decisions and alias
-moves from the ``evaluations`` and ``promotions`` tables, so the report shows what was recorded,
-not what the demo believes happened.
+Acceptance per version comes from the simulator (what users did with each version's completions);
+rewards, deferrals and the lineage come from the audit store; decisions and alias moves from the
+``evaluations`` and ``promotions`` tables, so the report shows what was recorded, not what the demo
+believes happened.
+
+A checkpoint has one number, its version: the number serving reports with every completion, samples
+carry, the gate judges and MLflow registered it under (the ``promotions`` table's from/to). The report
+never maps one numbering onto another, and takes the base model's version as given by whoever
+registered it, so it holds whatever the base is numbered.
 """
 
 from __future__ import annotations
 
-import json
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import psycopg
 from psycopg import sql
+from pydantic import BaseModel, ConfigDict, Field
 
 from infra.stack import Stack
 from liveloop.demo.simulator.stats import intervals_overlap
 from liveloop.demo.simulator.summary import SimulationSummary
 
 _COUNT = sql.SQL("SELECT count(*) FROM {}")
+IMPROVEMENT_POINTS = 15.0
+"""The acceptance gain, in percentage points, that counts as the loop having improved the model."""
+
+
+class _Part(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class VersionResult(_Part):
+    """What users did with one version's completions (simulator) and what the audit store holds of it."""
+
+    version: int
+    requests: int = Field(ge=0)
+    accepted: int = Field(ge=0)
+    acceptance_rate: float = Field(ge=0, le=1)
+    acceptance_ci95: tuple[float, float] = Field(description="Wilson 95 % interval of the acceptance rate.")
+    preferred: int = Field(ge=0, description="Completions the users' hidden preference liked (before noise).")
+    invalid_tool_calls: int = Field(ge=0, description="Tool calls reported invalid (the loophole).")
+    invalid_tool_call_rate: float = Field(ge=0, description="Invalid tool calls per request.")
+    mean_reward: float | None = Field(description="Mean reward of this version's samples; None without samples.")
+    deferral_rate: float | None = Field(description="Share of its samples with a deferred reward; None without.")
+    samples: int = Field(ge=0, description="Samples the distiller made of this version's completions.")
+
+
+class Checkpoint(_Part):
+    """A checkpoint the learner wrote (the base model is not one)."""
+
+    version: int
+    created_at: datetime
+
+
+class GateDecision(_Part):
+    """The gate's decision on one checkpoint, with its reasons and metrics as the gate recorded them."""
+
+    version: int
+    decision: Literal["promote", "reject", "hold"]
+    reasons: list[Any]
+    metrics: dict[str, Any]
+
+
+class Promotion(_Part):
+    """One move of the champion alias, or an operator's rejection: a row of the ``promotions`` table."""
+
+    action: Literal["promote", "rollback", "reject"]
+    from_version: int | None
+    to_version: int | None
+    actor: str
+    reason: str
+    at: datetime
+
+
+class Counts(_Part):
+    """Rows in the audit store at the end."""
+
+    events: int = Field(ge=0)
+    samples: int = Field(ge=0)
+    dead_letters: int = Field(ge=0)
+
+
+class SimulatorStats(_Part):
+    """What the simulated users did."""
+
+    sessions: int = Field(ge=0)
+    requests: int = Field(ge=0)
+    request_errors: int = Field(ge=0)
+    privacy_sessions: int = Field(ge=0)
+    planted_secrets: int = Field(ge=0)
+    malformed_sent: int = Field(ge=0)
+    malformed_dead_lettered: int = Field(ge=0)
+
+
+class LeakScan(_Part):
+    """What the leak scan looked for, and where it found any of it (place -> count; empty: nowhere)."""
+
+    secrets: int = Field(ge=0, description="Planted secrets looked for.")
+    privacy_sessions: int = Field(ge=0, description="Private sessions whose ids were looked for.")
+    found: dict[str, int]
+
+
+class Comparison(_Part):
+    """The newest promoted version that served requests, against the base."""
+
+    judged_version: int
+    base_acceptance: float
+    final_acceptance: float
+    acceptance_gain_points: float
+    intervals_separate: bool = Field(description="Whether the two 95 % intervals do not overlap.")
+    loophole_not_exploited: bool = Field(description="Invalid tool calls per request did not rise.")
+
+
+class Verdict(_Part):
+    """Did the loop make the model better? ``comparison`` is None (and ``why`` says why) when nothing can be judged."""
+
+    promotions: int = Field(ge=0, description="Promotions away from an earlier champion.")
+    improved: bool
+    why: str | None = None
+    comparison: Comparison | None = None
+
+
+class DemoReport(_Part):
+    """Everything ``liveloop demo`` reports; ``report.json`` is this model's JSON."""
+
+    seed: int
+    profile: str
+    minutes: float
+    base_version: int = Field(description="The base model's version: the first champion.")
+    final_champion: int = Field(description="The champion's version at the end.")
+    versions: list[VersionResult]
+    checkpoints: list[Checkpoint]
+    gate_decisions: list[GateDecision]
+    promotions: list[Promotion]
+    counts: Counts
+    simulator: SimulatorStats
+    leaks: LeakScan
+    verdict: Verdict
 
 
 def collect_report(
-    stack: Stack, summary: SimulationSummary, profile: str, minutes: float, base_version: int
-) -> dict[str, Any]:
-    """Gather the report from the simulator's summary and the audit store."""
+    stack: Stack, summary: SimulationSummary, profile: str, minutes: float, base_version: int, leaks: LeakScan
+) -> DemoReport:
+    """Gather the report from the simulator's summary, the leak scan and the audit store."""
     with psycopg.connect(stack.endpoints.dsn()) as conn:
+        # The base is the lineage's root, the one checkpoint without a parent.
         lineage = conn.execute(
-            "SELECT policy_version, model_version, created_at FROM checkpoints ORDER BY policy_version"
+            "SELECT policy_version, created_at FROM checkpoints WHERE parent_id IS NOT NULL ORDER BY policy_version"
         ).fetchall()
         rewards = {
             row[0]: row[1:]
@@ -40,7 +161,7 @@ def collect_report(
             ).fetchall()
         }
         decisions = conn.execute(
-            "SELECT c.policy_version, c.model_version, e.decision, e.reasons, e.metrics, e.decided_at "
+            "SELECT c.policy_version, e.decision, e.reasons, e.metrics "
             "FROM evaluations e JOIN checkpoints c USING (checkpoint_id) ORDER BY e.decided_at"
         ).fetchall()
         moves = conn.execute(
@@ -50,176 +171,130 @@ def collect_report(
             table: int(conn.execute(_COUNT.format(sql.Identifier(table))).fetchone()[0])  # type: ignore[index]
             for table in ("events", "samples", "dead_letters")
         }
-    policy_of = {model_version: policy for policy, model_version, _ in lineage if model_version is not None}
     versions = []
     for stats in summary.versions:
         mean_reward, deferral_rate, samples = rewards.get(stats.policy_version, (None, None, 0))
         versions.append(
-            {
-                **stats.model_dump(),
-                "model_version": next((m for m, p in policy_of.items() if p == stats.policy_version), None),
-                "mean_reward": float(mean_reward) if mean_reward is not None else None,
-                "deferral_rate": float(deferral_rate) if deferral_rate is not None else None,
-                "samples": int(samples),
-            }
+            VersionResult(
+                version=stats.policy_version,
+                **stats.model_dump(exclude={"policy_version"}),
+                mean_reward=float(mean_reward) if mean_reward is not None else None,
+                deferral_rate=float(deferral_rate) if deferral_rate is not None else None,
+                samples=int(samples),
+            )
         )
-    champion = next((to for action, _, to, *_ in reversed(moves) if action in ("promote", "rollback")), base_version)
-    report: dict[str, Any] = {
-        "seed": summary.seed,
-        "profile": profile,
-        "minutes": minutes,
-        "base_version": base_version,
-        "final_champion": champion,
-        "final_champion_policy_version": policy_of.get(champion),
-        "versions": versions,
-        "checkpoints": [
-            {"policy_version": p, "model_version": m, "created_at": created.isoformat()}
-            for p, m, created in lineage
-            if p > 0
-        ],
-        "gate_decisions": [
-            {"policy_version": p, "model_version": m, "decision": d, "reasons": reasons, "metrics": metrics}
-            for p, m, d, reasons, metrics, _ in decisions
-        ],
-        "promotions": [
-            {"action": a, "from": f, "to": t, "actor": actor, "reason": reason, "at": at.isoformat()}
-            for a, f, t, actor, reason, at in moves
-        ],
-        "counts": counts,
-        "simulator": {
-            "sessions": summary.sessions,
-            "requests": summary.requests,
-            "request_errors": summary.request_errors,
-            "privacy_sessions": summary.privacy_sessions,
-            "planted_secrets": len(summary.planted_secrets),
-            "malformed_sent": summary.malformed_sent,
-            "malformed_dead_lettered": summary.malformed_dead_lettered,
-        },
-    }
-    report["verdict"] = verdict(report)
-    return report
+    promotions = [
+        Promotion(action=a, from_version=f, to_version=t, actor=actor, reason=reason, at=at)
+        for a, f, t, actor, reason, at in moves
+    ]
+    moved = [p.to_version for p in promotions if p.action in ("promote", "rollback") and p.to_version is not None]
+    return DemoReport(
+        seed=summary.seed,
+        profile=profile,
+        minutes=minutes,
+        base_version=base_version,
+        final_champion=moved[-1] if moved else base_version,
+        versions=versions,
+        checkpoints=[Checkpoint(version=v, created_at=created) for v, created in lineage],
+        gate_decisions=[GateDecision(version=v, decision=d, reasons=r, metrics=m) for v, d, r, m in decisions],
+        promotions=promotions,
+        counts=Counts(**counts),
+        simulator=SimulatorStats(
+            sessions=summary.sessions,
+            requests=summary.requests,
+            request_errors=summary.request_errors,
+            privacy_sessions=summary.privacy_sessions,
+            planted_secrets=len(summary.planted_secrets),
+            malformed_sent=summary.malformed_sent,
+            malformed_dead_lettered=summary.malformed_dead_lettered,
+        ),
+        leaks=leaks,
+        verdict=verdict(versions, promotions, base_version),
+    )
 
 
-def verdict(report: dict[str, Any]) -> dict[str, Any]:
-    """Did the loop make the model better? The last promoted version against the base champion."""
-    by_policy = {v["policy_version"]: v for v in report["versions"]}
-    policy_of = {v["model_version"]: v["policy_version"] for v in report["versions"] if v["model_version"]}
-    policy_of.update({c["model_version"]: c["policy_version"] for c in report["checkpoints"] if c["model_version"]})
-    moves = [p for p in report["promotions"] if p["action"] == "promote" and p["from"] is not None]
+def verdict(versions: list[VersionResult], promotions: list[Promotion], base_version: int) -> Verdict:
+    """The newest promoted version that users met against the base champion (``base_version``)."""
+    by_version = {v.version: v for v in versions}
+    moves = [p for p in promotions if p.action == "promote" and p.from_version is not None]
     # The newest promoted checkpoint that users met: one promoted in the last seconds served nobody yet.
-    served = [policy_of[p["to"]] for p in moves if p["to"] in policy_of and policy_of[p["to"]] in by_policy]
-    base = by_policy.get(0)
-    final = by_policy.get(served[-1]) if served else None
-    result: dict[str, Any] = {"promotions": len(moves)}
+    served = [p.to_version for p in moves if p.to_version in by_version]
+    base = by_version.get(base_version)
+    final = by_version.get(served[-1]) if served and served[-1] is not None else None
     if base is None or final is None:
-        return {**result, "improved": False, "why": "no promoted checkpoint served requests"}
-    result["judged_policy_version"] = final["policy_version"]
-    gain = final["acceptance_rate"] - base["acceptance_rate"]
-    separate = not intervals_overlap(tuple(base["acceptance_ci95"]), tuple(final["acceptance_ci95"]))
-    return {
-        **result,
-        "base_acceptance": base["acceptance_rate"],
-        "final_acceptance": final["acceptance_rate"],
-        "acceptance_gain_points": round(100 * gain, 1),
-        "intervals_separate": separate,
-        "improved": gain >= 0.15 and separate,
-        "loophole_not_exploited": final["invalid_tool_call_rate"] <= base["invalid_tool_call_rate"],
-    }
+        return Verdict(promotions=len(moves), improved=False, why="no promoted checkpoint served requests")
+    gain = round(100 * (final.acceptance_rate - base.acceptance_rate), 1)
+    separate = not intervals_overlap(base.acceptance_ci95, final.acceptance_ci95)
+    comparison = Comparison(
+        judged_version=final.version,
+        base_acceptance=base.acceptance_rate,
+        final_acceptance=final.acceptance_rate,
+        acceptance_gain_points=gain,
+        intervals_separate=separate,
+        loophole_not_exploited=final.invalid_tool_call_rate <= base.invalid_tool_call_rate,
+    )
+    return Verdict(promotions=len(moves), improved=gain >= IMPROVEMENT_POINTS and separate, comparison=comparison)
 
 
-def write_report(report: dict[str, Any], summary: SimulationSummary, directory: Path) -> list[Path]:
+def write_report(report: DemoReport, summary: SimulationSummary, directory: Path) -> list[Path]:
     """Write report.json, report.md and acceptance.png into ``directory``; return their paths."""
+    from liveloop.demo.plot import plot_acceptance
+
     directory.mkdir(parents=True, exist_ok=True)
     paths = [directory / "report.json", directory / "report.md", directory / "acceptance.png"]
-    paths[0].write_text(json.dumps(report, indent=2, default=str) + "\n", encoding="utf-8")
-    paths[1].write_text(_markdown(report), encoding="utf-8")
-    _plot(report, summary, paths[2])
+    paths[0].write_text(report.model_dump_json(indent=2) + "\n", encoding="utf-8")
+    paths[1].write_text(markdown(report), encoding="utf-8")
+    plot_acceptance(report, summary, paths[2])
     return paths
 
 
-def _markdown(report: dict[str, Any]) -> str:
-    v = report["verdict"]
+def markdown(report: DemoReport) -> str:
+    """``report.md``: the verdict, acceptance by version, the gate's decisions, the alias moves, the leak scan."""
     lines = [
-        f"# liveloop demo: profile `{report['profile']}`, seed {report['seed']}, {report['minutes']:g} minutes",
+        f"# liveloop demo: profile `{report.profile}`, seed {report.seed}, {report.minutes:g} minutes",
         "",
-        f"Base champion: model version {report['base_version']}; final champion: model version "
-        f"{report['final_champion']} (policy version {report['final_champion_policy_version']}).",
+        f"Base champion: version {report.base_version}; final champion: version {report.final_champion}.",
         "",
     ]
-    if "acceptance_gain_points" in v:
+    c = report.verdict.comparison
+    if c is not None:
         lines += [
-            f"Acceptance went from {v['base_acceptance']:.3f} (base) to {v['final_acceptance']:.3f} (policy version "
-            f"{v['judged_policy_version']}, the newest promoted one that served requests) "
-            f"({v['acceptance_gain_points']:+.1f} points; 95 % intervals "
-            f"{'do not overlap' if v['intervals_separate'] else 'overlap'}). "
-            f"Loophole {'not exploited' if v['loophole_not_exploited'] else 'EXPLOITED'}.",
+            f"Acceptance went from {c.base_acceptance:.3f} (base) to {c.final_acceptance:.3f} (version "
+            f"{c.judged_version}, the newest promoted one that served requests) "
+            f"({c.acceptance_gain_points:+.1f} points; 95 % intervals "
+            f"{'do not overlap' if c.intervals_separate else 'overlap'}). "
+            f"Loophole {'not exploited' if c.loophole_not_exploited else 'EXPLOITED'}.",
             "",
         ]
     else:
-        lines += [f"No improvement to report: {v['why']}.", ""]
+        lines += [f"No improvement to report: {report.verdict.why}.", ""]
     lines += [
-        "| policy version | model version | requests | acceptance | 95 % interval | mean reward | invalid tool calls |",
-        "|---|---|---|---|---|---|---|",
+        "| version | requests | acceptance | 95 % interval | mean reward | invalid tool calls |",
+        "|---|---|---|---|---|---|",
     ]
-    for item in report["versions"]:
-        low, high = item["acceptance_ci95"]
-        reward = "" if item["mean_reward"] is None else f"{item['mean_reward']:.3f}"
+    for item in report.versions:
+        low, high = item.acceptance_ci95
+        reward = "" if item.mean_reward is None else f"{item.mean_reward:.3f}"
         lines.append(
-            f"| {item['policy_version']} | {item['model_version'] or ''} | {item['requests']} | "
-            f"{item['acceptance_rate']:.3f} | {low:.3f}-{high:.3f} | {reward} | {item['invalid_tool_call_rate']:.3f} |"
+            f"| {item.version} | {item.requests} | {item.acceptance_rate:.3f} | {low:.3f}-{high:.3f} | {reward} | "
+            f"{item.invalid_tool_call_rate:.3f} |"
         )
     lines += ["", "## Gate decisions", ""]
-    for d in report["gate_decisions"]:
-        failed = [r for r in d["reasons"] if isinstance(r, str) and r.startswith("fail")] or d["reasons"][:2]
-        lines.append(f"- policy version {d['policy_version']}: **{d['decision']}** ({'; '.join(map(str, failed))})")
+    for d in report.gate_decisions:
+        failed = [r for r in d.reasons if isinstance(r, str) and r.startswith("fail")] or d.reasons[:2]
+        lines.append(f"- version {d.version}: **{d.decision}** ({'; '.join(map(str, failed))})")
     lines += ["", "## Alias moves", ""]
-    for p in report["promotions"]:
-        lines.append(f"- {p['at']}: {p['action']} {p['from']} → {p['to']} by {p['actor']} ({p['reason']})")
-    counts = report["counts"]
+    for p in report.promotions:
+        lines.append(f"- {p.at.isoformat()}: {p.action} {p.from_version} → {p.to_version} by {p.actor} ({p.reason})")
+    counts, leaks = report.counts, report.leaks
+    what = f"{leaks.secrets} planted secrets and {leaks.privacy_sessions} private sessions"
+    found = ", ".join(f"{place} ({count})" for place, count in leaks.found.items())
     lines += [
         "",
-        f"Archived events: {counts['events']:,}; samples: {counts['samples']:,}; "
-        f"dead letters: {counts['dead_letters']:,}.",
+        f"Archived events: {counts.events:,}; samples: {counts.samples:,}; dead letters: {counts.dead_letters:,}.",
+        "",
+        f"Leak scan for {what} over every topic, table, MLflow artifact and checkpoint: "
+        + (f"FOUND in {found}." if found else "nothing found."),
         "",
     ]
-    if "leaks" in report:
-        scanned = report.get("leaks_scanned_for", {})
-        what = f"{scanned.get('secrets', 0)} planted secrets and {scanned.get('privacy_sessions', 0)} private sessions"
-        found = report["leaks"]
-        lines += [
-            f"Leak scan for {what} over every topic, table, MLflow artifact and checkpoint: "
-            + ("nothing found." if not found else "FOUND in " + ", ".join(f"{k} ({v})" for k, v in found.items())),
-            "",
-        ]
     return "\n".join(lines)
-
-
-def _plot(report: dict[str, Any], summary: SimulationSummary, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axes = plt.subplots(figsize=(9, 4.5))
-    for version in sorted({point.policy_version for point in summary.timeline}):
-        points = [p for p in summary.timeline if p.policy_version == version and p.requests > 0]
-        axes.plot(
-            [p.start_s / 60 for p in points],
-            [p.accepted / p.requests for p in points],
-            marker="o",
-            label=f"policy v{version}",
-        )
-    start = summary.started_at
-    for move in report["promotions"]:
-        at = (datetime.fromisoformat(move["at"]) - start).total_seconds() / 60
-        if at >= 0:
-            axes.axvline(at, color="grey", linestyle="--", linewidth=0.8)
-            axes.annotate(f"{move['action']} → v{move['to']}", (at, 1.0), rotation=90, fontsize=7, va="top")
-    axes.set_xlabel("minutes into the run")
-    axes.set_ylabel("acceptance rate")
-    axes.set_ylim(0, 1.05)
-    axes.legend(loc="lower right", fontsize=8)
-    axes.set_title("Acceptance by policy version (dashed: alias moves)")
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
