@@ -22,6 +22,7 @@ def test_library_output_goes_to_the_log_file_not_the_console(
     artifact = tmp_path / "artifact.txt"
     artifact.write_text("weights\n", encoding="utf-8")
     client = MlflowClient(tracking_uri=endpoints.mlflow_url)
+    handlers = logging.getLogger().handlers[:]
     with library_output_to(log_file):
         experiment = client.create_experiment(f"quiet-{uuid.uuid4().hex}")
         run = client.create_run(experiment)
@@ -36,4 +37,4 @@ def test_library_output_goes_to_the_log_file_not_the_console(
     assert "WARNING mlflow.store: a library warning" in logged
     assert "INFO urllib3.connectionpool: a library info line" in logged
     # The logging set-up is the caller's again after the block.
-    assert all(not isinstance(h, logging.FileHandler) for h in logging.getLogger().handlers)
+    assert logging.getLogger().handlers == handlers
