@@ -1,7 +1,7 @@
 """Plain next-token pre-training of a Hugging Face causal LM on a list of texts (no DeepSpeed, no Kafka).
 
 The demo's base model is a tiny Llama with random weights (no weights can be downloaded); a few hundred
-steps on the simulator's language (:func:`liveloop.simulator.language.pretraining_corpus`, passed in by
+steps on the simulator's language (:func:`liveloop.demo.simulator.language.pretraining_corpus`, passed in by
 the caller: this floor may not import ``liveloop``) make its completions plausible, so that the loop
 starts from a policy whose outputs users can judge. Deterministic for a seed: batches are drawn from a
 private generator and the global RNG is left as it was.

@@ -107,7 +107,7 @@ def demo(
     ),
 ) -> None:
     """The main job: the whole loop live (traffic, rewards, learner, gate, hot-swap), then a report."""
-    from liveloop.demo import DemoOptions, run_demo
+    from liveloop.demo.run import DemoOptions, run_demo
 
     options = DemoOptions(
         minutes=minutes, seed=seed, profile=profile, report_dir=report, keep_running=keep_running, state_dir=state_dir
@@ -116,16 +116,16 @@ def demo(
         result = run_demo(options, console)
     except InfraError as exc:
         raise _fail(exc, 2) from exc
-    verdict = result["verdict"]
+    verdict, judged = result.verdict, result.verdict.comparison
     console.print(f"report written to {report}/ (report.md, report.json, acceptance.png)")
-    if "acceptance_gain_points" in verdict:
+    if judged is not None:
         console.print(
-            f"acceptance {verdict['base_acceptance']:.3f} (base) -> {verdict['final_acceptance']:.3f} "
-            f"(policy version {verdict['judged_policy_version']}): {verdict['acceptance_gain_points']:+.1f} points, "
-            f"{verdict['promotions']} promotion(s)"
+            f"acceptance {judged.base_acceptance:.3f} (base, version {result.base_version}) -> "
+            f"{judged.final_acceptance:.3f} (version {judged.judged_version}): "
+            f"{judged.acceptance_gain_points:+.1f} points, {verdict.promotions} promotion(s)"
         )
     else:
-        console.print(f"no improvement: {verdict['why']}")
+        console.print(f"no improvement: {verdict.why}")
 
 
 @schema_app.command("export")

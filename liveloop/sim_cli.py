@@ -45,9 +45,9 @@ def simulate(
     from pydantic import ValidationError
 
     from infra.errors import InfraError
-    from liveloop.simulator.errors import SimulatorError
-    from liveloop.simulator.runner import simulate as run_simulation
-    from liveloop.simulator.settings import SimulatorSettings
+    from liveloop.demo.simulator.errors import SimulatorError
+    from liveloop.demo.simulator.runner import simulate as run_simulation
+    from liveloop.demo.simulator.settings import SimulatorSettings
 
     overrides: dict[str, Any] = {
         "minutes": minutes,

@@ -35,10 +35,10 @@ from learner.logprobs import completion_logprobs
 from learner.loss import LossConfig, normalise_advantages, policy_gradient_loss
 from learner.pretrain import pretrain
 from learner.tiny_model import TinyModelSpec, build_tiny_model, byte_tokenizer
-from liveloop.simulator.feedback import Envelope, immediate_events, later_events
-from liveloop.simulator.language import make_prompt, parse, pretraining_corpus
-from liveloop.simulator.profiles import Profile, profile_by_name
-from liveloop.simulator.users import react
+from liveloop.demo.simulator.feedback import Envelope, immediate_events, later_events
+from liveloop.demo.simulator.language import make_prompt, parse, pretraining_corpus
+from liveloop.demo.simulator.profiles import Profile, profile_by_name
+from liveloop.demo.simulator.users import react
 from serving.engine import SamplingParams
 from serving.policy_scores import mean_kl
 from serving.torch_decode import Decoded, decode_batch

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from rocksdict import Options, Rdict
 
-from liveloop.leak_scan import planted_strings, scan_files
+from liveloop.demo.leak_scan import planted_strings, scan_files
 
 RUN = "ab12cd34"
 PRIVATE = f"sim-{RUN}-123"

@@ -20,15 +20,15 @@ from ingest.events import GenerationEvent, parse_event
 from ingest.redaction import redact_event
 from learner.pretrain import pretrain
 from learner.tiny_model import TinyModelSpec, build_tiny_model, byte_tokenizer
-from liveloop.simulator.feedback import Envelope, immediate_events, later_events
-from liveloop.simulator.language import make_line, make_prompt, parse, pretraining_corpus
-from liveloop.simulator.planted import SECRET_KINDS, plant_secret
-from liveloop.simulator.profiles import PROFILES, profile_by_name
-from liveloop.simulator.runner import simulate
-from liveloop.simulator.session import session_rng
-from liveloop.simulator.settings import SimulatorSettings
-from liveloop.simulator.stats import intervals_overlap, wilson_interval
-from liveloop.simulator.users import react
+from liveloop.demo.simulator.feedback import Envelope, immediate_events, later_events
+from liveloop.demo.simulator.language import make_line, make_prompt, parse, pretraining_corpus
+from liveloop.demo.simulator.planted import SECRET_KINDS, plant_secret
+from liveloop.demo.simulator.profiles import PROFILES, profile_by_name
+from liveloop.demo.simulator.runner import simulate
+from liveloop.demo.simulator.session import session_rng
+from liveloop.demo.simulator.settings import SimulatorSettings
+from liveloop.demo.simulator.stats import intervals_overlap, wilson_interval
+from liveloop.demo.simulator.users import react
 from serving.engine import SamplingParams
 from serving.torch_decode import decode_batch
 from tests.conftest import free_port

@@ -21,7 +21,7 @@ import psutil
 from infra.settings import StackSettings
 from infra.stack import ComponentSpec, Stack
 from liveloop.components import loop_components
-from liveloop.demo import DEMO_ENVIRONMENT, make_base_model
+from liveloop.demo.run import DEMO_ENVIRONMENT, make_base_model
 from tests.conftest import free_port
 
 # Every checkpoint that loads, evaluates and keeps its KL in bounds is promoted (see the module docstring).

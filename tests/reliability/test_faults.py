@@ -25,9 +25,9 @@ from infra.lag import consumer_lag
 from infra.processes import wait_until
 from ingest.client import Client, SdkSettings
 from learner.settings import LearnerSettings
-from liveloop.leak_scan import scan_for_leaks
-from liveloop.simulator.runner import Simulation
-from liveloop.simulator.settings import SimulatorSettings
+from liveloop.demo.leak_scan import scan_for_leaks
+from liveloop.demo.simulator.runner import Simulation
+from liveloop.demo.simulator.settings import SimulatorSettings
 from tests.reliability import accounting
 from tests.reliability.faults import FaultInjector, learner_activity
 from tests.reliability.loop import Loop, running_loop

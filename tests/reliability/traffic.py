@@ -22,7 +22,7 @@ import httpx
 
 from ingest.events import SessionEndedEvent, SessionStartedEvent, parse_event
 from ingest.payloads import SessionEndedPayload, SessionStartedPayload
-from liveloop.simulator.transport import GatewayClient, Served
+from liveloop.demo.simulator.transport import GatewayClient, Served
 
 
 class RecordingSink:

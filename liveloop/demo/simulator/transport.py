@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import openai
 
-from liveloop.simulator.errors import GatewayUnavailable
+from liveloop.demo.simulator.errors import GatewayUnavailable
 
 
 @dataclass(frozen=True)

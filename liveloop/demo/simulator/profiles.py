@@ -1,6 +1,6 @@
 """User profiles: each has a hidden preference over completions that a policy can learn from feedback.
 
-The preference is a deterministic judgement of the completion text (:func:`liveloop.simulator.language.parse`)
+The preference is a deterministic judgement of the completion text (:func:`liveloop.demo.simulator.language.parse`)
 and, for ``fickle``, of the time since the run started. Users act on it with noise: a preferred completion is
 accepted with probability ``accept_preferred`` (0.9 by default), any other with ``accept_other`` (0.1).
 
@@ -27,8 +27,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from liveloop.simulator.errors import UnknownProfile
-from liveloop.simulator.language import DEFAULT_MIX, CorpusMix, Parsed
+from liveloop.demo.simulator.errors import UnknownProfile
+from liveloop.demo.simulator.language import DEFAULT_MIX, CorpusMix, Parsed
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from liveloop.simulator.stats import wilson_interval
+from liveloop.demo.simulator.stats import wilson_interval
 
 
 class VersionStats(BaseModel):

@@ -1,6 +1,6 @@
 """The load loop: sessions start at a Poisson rate for a while, run on threads, and a summary comes out.
 
-Repeatable for a seed: session ``i`` draws everything from :func:`~liveloop.simulator.session.session_rng`
+Repeatable for a seed: session ``i`` draws everything from :func:`~liveloop.demo.simulator.session.session_rng`
 ``(seed, i)`` and asks the gateway for completions with seeds from that RNG, and the start times come from
 one RNG of the run. What still varies between runs is what depends on the loop itself: which policy version
 serves a request (swaps happen when they happen) and, for ``fickle``, which period a request falls in.
@@ -21,10 +21,10 @@ from datetime import UTC, datetime
 from infra.credentials import load_credentials
 from infra.errors import CredentialsError
 from ingest.client import Client, SdkSettings
-from liveloop.simulator.session import EventSink, Wiring, run_session
-from liveloop.simulator.settings import SimulatorSettings
-from liveloop.simulator.summary import Recorder, SimulationSummary
-from liveloop.simulator.transport import GatewayClient, IngestPoster
+from liveloop.demo.simulator.session import EventSink, Wiring, run_session
+from liveloop.demo.simulator.settings import SimulatorSettings
+from liveloop.demo.simulator.summary import Recorder, SimulationSummary
+from liveloop.demo.simulator.transport import GatewayClient, IngestPoster
 
 log = logging.getLogger(__name__)
 

@@ -206,7 +206,7 @@ def pretraining_corpus(profile: str = "semicolons", *, size: int = 4000, seed: i
     preferred style in a minority or about half of the lines, so that the base's acceptance starts low.
     The profile is an argument so that a profile can get its own mix later without changing callers.
     """
-    from liveloop.simulator.profiles import profile_by_name
+    from liveloop.demo.simulator.profiles import profile_by_name
 
     mix = profile_by_name(profile).corpus_mix
     rng = random.Random(f"liveloop-corpus:{seed}")  # noqa: S311 - a repeatable simulation, not cryptography

@@ -21,8 +21,8 @@ import random
 from dataclasses import dataclass
 from typing import Literal
 
-from liveloop.simulator.language import Parsed, parse
-from liveloop.simulator.profiles import Profile
+from liveloop.demo.simulator.language import Parsed, parse
+from liveloop.demo.simulator.profiles import Profile
 
 Outcome = Literal["accepted", "rejected", "dismissed"]
 

@@ -6,9 +6,12 @@
 2. start the loop's components with a compressed cadence (settings below, each overridable through
    its ``LIVELOOP_<STAGE>_*`` variable), and wait for the gateway to serve the champion;
 3. run the traffic simulator for ``minutes`` while a Rich view shows events, samples, the learner's
-   step, checkpoints, gate decisions, the champion and acceptance by policy version;
-4. stop the simulator, write the report (:mod:`liveloop.report`), and ``down`` unless asked to keep
+   step, checkpoints, gate decisions, the champion and acceptance by version;
+4. stop the simulator, write the report (:mod:`liveloop.demo.report`), and ``down`` unless asked to keep
    the loop running.
+
+The live view is :mod:`liveloop.demo.view`; while the demo runs, libraries log into
+``<state>/logs/demo.log`` rather than onto the console (:mod:`liveloop.demo.quiet`).
 """
 
 from __future__ import annotations
@@ -16,22 +19,19 @@ from __future__ import annotations
 import json
 import os
 import time
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-import psycopg
-from rich.console import Console, Group
+from rich.console import Console
 from rich.live import Live
-from rich.table import Table
 
-from infra.registry import CHAMPION, AliasNotSet, Registry, RegistryError
 from infra.settings import StackSettings
 from infra.stack import Stack
 from liveloop.components import loop_components
-from liveloop.leak_scan import scan_for_leaks
-from liveloop.report import collect_report, write_report
+from liveloop.demo.leak_scan import scan_for_leaks
+from liveloop.demo.quiet import library_output_to
+from liveloop.demo.report import DemoReport, LeakScan, collect_report, write_report
+from liveloop.demo.view import Watch, progress
 
 # The compressed cadence of the demo, from the learnability experiment (tests/liveloop/
 # learnability_experiment.py): at lr 5e-4 a round of 64 samples per step lifts acceptance by
@@ -71,8 +71,8 @@ class DemoOptions:
 
 
 def make_base_model(stack: Stack, profile: str, seed: int) -> tuple[Path, int]:
-    """Pre-train the tiny base on the profile's language into ``<state>/base-model``, write it as
-    lineage version 0 and register it as the first champion; return the folder and its MLflow version.
+    """Pre-train the tiny base on the profile's language into ``<state>/base-model``, write it as the
+    lineage's base checkpoint and register it as the first champion; return the folder and its version.
     The learner must start from this folder too (``LIVELOOP_LEARNER_BASE_MODEL``), or its first
     candidate would not descend from the champion."""
     from learner.checkpoint import write_base_checkpoint
@@ -80,7 +80,7 @@ def make_base_model(stack: Stack, profile: str, seed: int) -> tuple[Path, int]:
     from learner.publish import register_base
     from learner.settings import LearnerSettings
     from learner.tiny_model import TinyModelSpec, build_tiny_model, byte_tokenizer
-    from liveloop.simulator.language import pretraining_corpus
+    from liveloop.demo.simulator.language import pretraining_corpus
 
     state = stack.settings.state_dir.resolve()
     source = state / "base-model"
@@ -94,15 +94,23 @@ def make_base_model(stack: Stack, profile: str, seed: int) -> tuple[Path, int]:
     return source, register_base(folder, mlflow_uri=stack.endpoints.mlflow_url, dsn=stack.endpoints.dsn())
 
 
-def run_demo(options: DemoOptions, console: Console) -> dict[str, Any]:
-    """Run the demo end to end; return the report (also written to ``options.report_dir``)."""
-    from liveloop.simulator.runner import Simulation
-    from liveloop.simulator.settings import SimulatorSettings
-    from serving.settings import ServingSettings
-
+def run_demo(options: DemoOptions, console: Console) -> DemoReport:
+    """Run the demo end to end; return the report (also written to ``options.report_dir``). The console
+    shows the demo's own steps and live view; libraries log into ``<state>/logs/demo.log``."""
     stack = Stack(StackSettings(state_dir=options.state_dir))
     stack.purge()  # every demo starts from nothing: a fresh broker, database, registry and learner
     stack = Stack(StackSettings(state_dir=options.state_dir))
+    log_file = stack.settings.logs_dir.resolve() / "demo.log"
+    with library_output_to(log_file):
+        console.print(f"libraries log to {log_file}")
+        return _run(stack, options, console)
+
+
+def _run(stack: Stack, options: DemoOptions, console: Console) -> DemoReport:
+    from liveloop.demo.simulator.runner import Simulation
+    from liveloop.demo.simulator.settings import SimulatorSettings
+    from serving.settings import ServingSettings
+
     state = stack.settings.state_dir.resolve()
     state.mkdir(parents=True, exist_ok=True)
     policy_path = state / "demo-gate-policy.json"
@@ -136,22 +144,21 @@ def run_demo(options: DemoOptions, console: Console) -> dict[str, Any]:
     simulation.start()
     deadline = time.monotonic() + options.minutes * 60
     try:
-        watch = _Watch.of(stack)
+        watch = Watch.of(stack)
         with Live(console=console, refresh_per_second=1, transient=False) as live:
             while time.monotonic() < deadline:
-                live.update(_progress(stack, watch, simulation))
+                live.update(progress(stack, watch, simulation))
                 time.sleep(2.0)
             simulation.stop()
-            live.update(_progress(stack, watch, simulation))
+            live.update(progress(stack, watch, simulation))
         summary = simulation.finish()
-        report = collect_report(stack, summary, options.profile, options.minutes, base_version)
         console.print("scanning Kafka, PostgreSQL, MLflow and the checkpoints for planted secrets and private sessions")
-        secrets = [secret.secret for secret in summary.planted_secrets]
-        report["leaks"] = scan_for_leaks(stack, secrets, summary.privacy_session_ids)
-        report["leaks_scanned_for"] = {
-            "secrets": len(summary.planted_secrets),
-            "privacy_sessions": len(summary.privacy_session_ids),
-        }
+        leaks = LeakScan(
+            secrets=len(summary.planted_secrets),
+            privacy_sessions=len(summary.privacy_session_ids),
+            found=scan_for_leaks(stack, [s.secret for s in summary.planted_secrets], summary.privacy_session_ids),
+        )
+        report = collect_report(stack, summary, options.profile, options.minutes, base_version, leaks)
         write_report(report, summary, options.report_dir)
     finally:
         if options.keep_running:
@@ -167,85 +174,3 @@ def _ingest_url() -> str:
 
     api = IngestSettings()
     return f"http://{api.host}:{api.port}"
-
-
-@dataclass(frozen=True)
-class _Watch:
-    """What the live view reads every refresh, resolved once: the learner's status URL and the registry."""
-
-    learner_status_url: str
-    registry: Registry
-    model_name: str
-
-    @classmethod
-    def of(cls, stack: Stack) -> _Watch:
-        from learner.settings import LearnerSettings
-        from serving.settings import ServingSettings
-
-        learner = LearnerSettings()
-        return cls(
-            learner_status_url=f"http://{learner.status_host}:{learner.status_port}/status",
-            registry=Registry(stack.endpoints.mlflow_url),
-            model_name=ServingSettings().model_name,
-        )
-
-
-def _progress(stack: Stack, watch: _Watch, simulation: Any) -> Group:
-    """The live view: the loop's counters and acceptance by policy version so far."""
-    snapshot = simulation.snapshot()
-    loop = Table("what", "now", title="liveloop demo", title_justify="left")
-    elapsed = max(snapshot.duration_s, 1e-9)
-    events = sum(snapshot.events.values())
-    loop.add_row("events sent", f"{events:,} ({events / elapsed:.1f}/s)")
-    for label, value in _database_counts(stack).items():
-        loop.add_row(label, value)
-    learner = _learner_status(watch.learner_status_url)
-    if learner:
-        loop.add_row(
-            "learner",
-            f"step {learner.get('step')}, policy v{learner.get('policy_version')}, "
-            f"{learner.get('samples_since_checkpoint')} samples since its checkpoint",
-        )
-    loop.add_row("champion", _champion(watch))
-    versions = Table("policy version", "requests", "acceptance", "95 % interval", title_justify="left")
-    for item in snapshot.versions:
-        low, high = item.acceptance_ci95
-        versions.add_row(
-            str(item.policy_version), str(item.requests), f"{item.acceptance_rate:.2f}", f"{low:.2f}-{high:.2f}"
-        )
-    return Group(loop, versions)
-
-
-def _database_counts(stack: Stack) -> dict[str, str]:
-    try:
-        with psycopg.connect(stack.endpoints.dsn(), connect_timeout=2) as conn:
-            samples = conn.execute("SELECT count(*) FROM samples").fetchone()
-            checkpoints = conn.execute("SELECT count(*) FROM checkpoints WHERE policy_version > 0").fetchone()
-            decisions = conn.execute(
-                "SELECT c.policy_version, e.decision FROM evaluations e "
-                "JOIN checkpoints c USING (checkpoint_id) ORDER BY e.decided_at"
-            ).fetchall()
-    except psycopg.Error:
-        return {}
-    return {
-        "samples": f"{samples[0] if samples else 0:,}",
-        "checkpoints": str(checkpoints[0] if checkpoints else 0),
-        "gate decisions": ", ".join(f"v{version}: {decision}" for version, decision in decisions) or "none yet",
-    }
-
-
-def _learner_status(url: str) -> dict[str, Any]:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:  # noqa: S310 - an http URL built from settings
-            status: dict[str, Any] = json.loads(response.read())
-            return status
-    except (OSError, ValueError):
-        return {}
-
-
-def _champion(watch: _Watch) -> str:
-    try:
-        version = watch.registry.version_by_alias(watch.model_name, CHAMPION)
-    except (AliasNotSet, RegistryError):
-        return "none"
-    return f"model version {version.version}"

@@ -1,7 +1,7 @@
-"""Turning a user's :class:`~liveloop.simulator.users.Reaction` into the feedback events a product would send.
+"""Turning a user's :class:`~liveloop.demo.simulator.users.Reaction` into the feedback events a product would send.
 
 Pure: the caller gives the envelope (session, user, tenant, privacy flag) and the times; nothing here sleeps,
-sends or draws at random. The session loop (:mod:`liveloop.simulator.session`) sends the events of the
+sends or draws at random. The session loop (:mod:`liveloop.demo.simulator.session`) sends the events of the
 "immediate" stage right after the user looked at the completion and the "later" stage (the edit check, a
 rating) after a delay, compressed from minutes to seconds in the demo.
 """
@@ -24,7 +24,7 @@ from ingest.events import (
     ToolResultEvent,
 )
 from ingest.payloads import EditPayload, FollowupPayload, RatingPayload, SuggestionPayload, ToolResultPayload
-from liveloop.simulator.users import Reaction
+from liveloop.demo.simulator.users import Reaction
 
 
 @dataclass(frozen=True)

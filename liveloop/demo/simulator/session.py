@@ -4,7 +4,7 @@ The timeline of a session (every random draw from the session's own ``random.Ran
 
 1. ``session.started``;
 2. a few completion requests through the gateway (the gateway emits each ``generation`` event itself); after
-   each, the user looks at it (``think_s``) and reacts (:func:`liveloop.simulator.users.react`): tool results,
+   each, the user looks at it (``think_s``) and reacts (:func:`liveloop.demo.simulator.users.react`): tool results,
    accepted / rejected / dismissed, maybe a dissatisfied follow-up, after which they ask again;
 3. ``edit_check_delay_s`` after an acceptance, the edit check (persisted or reverted) and any rating;
 4. ``session.ended`` once every later event went out (rewards become final then, so nothing may follow it).
@@ -32,14 +32,14 @@ import openai
 
 from ingest.events import EventBase, SessionEndedEvent, SessionStartedEvent
 from ingest.payloads import SessionEndedPayload, SessionStartedPayload
-from liveloop.simulator.feedback import Envelope, immediate_events, later_events
-from liveloop.simulator.language import make_prompt
-from liveloop.simulator.planted import malformed_event, plant_secret
-from liveloop.simulator.profiles import profile_by_name
-from liveloop.simulator.settings import SimulatorSettings
-from liveloop.simulator.summary import Recorder
-from liveloop.simulator.transport import GatewayClient, IngestPoster
-from liveloop.simulator.users import Reaction, react
+from liveloop.demo.simulator.feedback import Envelope, immediate_events, later_events
+from liveloop.demo.simulator.language import make_prompt
+from liveloop.demo.simulator.planted import malformed_event, plant_secret
+from liveloop.demo.simulator.profiles import profile_by_name
+from liveloop.demo.simulator.settings import SimulatorSettings
+from liveloop.demo.simulator.summary import Recorder
+from liveloop.demo.simulator.transport import GatewayClient, IngestPoster
+from liveloop.demo.simulator.users import Reaction, react
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from infra.settings import LiveloopSettings, TopicsSettings
-from liveloop.simulator.profiles import PROFILES
+from liveloop.demo.simulator.profiles import PROFILES
 
 _IDENTIFIER = r"^[a-z][a-z0-9_.-]{0,63}$"
 
