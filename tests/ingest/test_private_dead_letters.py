@@ -197,5 +197,5 @@ def test_gateway_emitter(
             emitter.emit(context, private.session, uuid.uuid4(), private.text, generation, f"{private.text} !", 1.0)
     assert metrics.registry.get_sample_value("liveloop_gateway_emit_failures_total") == 1
     logged = caplog.text.encode()
-    assert b"privacy-mode session" in logged
     assert not [s for s in private.strings() if s in logged], caplog.text
+    assert b"privacy-mode session" in logged
