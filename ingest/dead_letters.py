@@ -62,29 +62,30 @@ def withheld_reason(reason: str, raw: bytes, field: str | None = None) -> str:
     """``reason`` without any value of the private item ``raw``, marked as withheld.
 
     Reasons may quote input (a tenant, a duplicate event id, a validator's message), so every quoted
-    span but the field's own name is masked, and so is every string value of the item wherever it
-    appears. Keys of the item (field names) are kept: they say where the problem is.
+    span is masked unless it is the field or a key of the item (never also one of its values), and so
+    is every string value of the item wherever it appears. Keys say where the problem is.
     """
-    kept = {f"'{field}'", f'"{field}"'} if field else set()
+    values, keys = _strings(raw)
+    names = (keys - values) | ({field} if field else set())
+    kept = {f"{quote}{name}{quote}" for name in names for quote in "'\"`"}
     masked = _QUOTED.sub(lambda m: m.group(0) if m.group(0) in kept else MASK, reason.removesuffix(WITHHELD))
-    for value in sorted(_string_values(raw), key=len, reverse=True):
+    for value in sorted((v for v in values if len(v) >= _MIN_MASKED), key=len, reverse=True):
         masked = masked.replace(value, MASK)
     return (masked + WITHHELD) if masked.strip() else "rejected" + WITHHELD
 
 
-def _string_values(raw: bytes) -> set[str]:
-    """Every JSON string value in ``raw`` (not a key) of ``_MIN_MASKED`` characters or more, decoded where it can be."""
+def _strings(raw: bytes) -> tuple[set[str], set[str]]:
+    """``(values, keys)``: the JSON strings in ``raw``, decoded where they can be, split by whether a
+    colon follows (a key) or not (a value)."""
     values: set[str] = set()
+    keys: set[str] = set()
     for match in _JSON_STRING.finditer(raw):
-        if match.group(2):  # followed by a colon: a key
-            continue
         try:
-            value = json.loads(match.group(0))
+            text = json.loads(match.group(0).rstrip(b": \t\n\r"))
         except ValueError:
-            value = match.group(1).decode("utf-8", "replace")
-        if isinstance(value, str) and len(value) >= _MIN_MASKED:
-            values.add(value)
-    return values
+            text = match.group(1).decode("utf-8", "replace")
+        (keys if match.group(2) else values).add(text)
+    return values, keys
 
 
 class DeadLetter(BaseModel):
