@@ -174,8 +174,10 @@ def build_app(settings: DistillSettings, spec: RewardSpec | None = None) -> faus
             # The fast reader takes what ingest let through; anything doubtful gets parse_event's verdict.
             parsed = parse_clean_event(record.value) or parse_event(record.value)
         except InvalidEvent as exc:
-            letter = DeadLetter.of(record.value, exc.reason, "distill", field=exc.field)
-            await (await dlq.send(key=key, value=letter.to_json()))
+            # Keyed by the session as the event was, unless the letter withholds it (privacy mode).
+            session_id = key.decode("utf-8", "replace") if key else None
+            letter = DeadLetter.of(record.value, exc.reason, "distill", field=exc.field, session_id=session_id)
+            await (await dlq.send(key=letter.key(), value=letter.to_json()))
             METRICS.dead_letters.inc()
             return False
         session = key or parsed.session_id.encode()

@@ -15,7 +15,7 @@ Decisions:
   another tenant is rejected, never accepted.
 - Within one batch an ``event_id`` may be accepted once; a repeat is rejected as a duplicate.
 - Privacy-mode events are acknowledged but produce no record, and when rejected their dead letter
-  carries the reason only, never the payload (they must not be stored anywhere).
+  keeps nothing that identifies the session (the rule is :meth:`ingest.dead_letters.DeadLetter.of`'s).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from uuid import UUID
 from pydantic import ValidationError
 
 from ingest.api_fast import validate_clean_body
-from ingest.dead_letters import MAX_RAW_BYTES, DeadLetter
+from ingest.dead_letters import DeadLetter
 from ingest.decoding import invalid_from, json_type, load_json, reject_nul
 from ingest.errors import EventTooLarge, InvalidEvent, UnsupportedSchemaVersion
 from ingest.events import EVENT_CLASSES, MAX_JSON_DEPTH, SCHEMA_VERSION, Event, parse_event
@@ -261,16 +261,13 @@ def dead_letter(
     size: int | None = None,
     field: str | None = None,
     session_id: str | None = None,
-    withhold: bool = False,
 ) -> DeadLetter:
-    """A dead letter keeping at most ``keep`` bytes of ``raw`` (none when ``withhold``) and its true size."""
-    kept = b"" if withhold else raw[: min(keep, MAX_RAW_BYTES)]
-    if withhold:
-        reason += " [payload withheld: privacy_mode is true]"
-    letter = DeadLetter.of(kept, reason, source="ingest-api", field=field, tenant=tenant, session_id=session_id)
-    true_size = len(raw) if size is None else size
-    # A dead letter must fit the DLQ topic's records, so the payload is cut; raw_size still tells the truth.
-    return letter if letter.raw_size == true_size else letter.model_copy(update={"raw_size": true_size})
+    """A dead letter keeping at most ``keep`` bytes of ``raw`` and its true size (a dead letter must fit
+    the DLQ topic's records, so the payload is cut; ``raw_size`` still tells the truth). A privacy-mode
+    item keeps nothing identifying: :meth:`DeadLetter.of` decides, on the whole of ``raw``."""
+    return DeadLetter.of(
+        raw, reason, source="ingest-api", field=field, tenant=tenant, session_id=session_id, keep=keep, size=size
+    )
 
 
 def _reject(
@@ -283,21 +280,12 @@ def _reject(
     tenant: str,
     keep: int,
 ) -> None:
-    judged.results.append({"index": index, "status": "rejected", "reason": reason, "field": field})
     judged.rejected += 1
     judged.rejected_by_class[kind] += 1
-    private = isinstance(item, dict) and item.get("privacy_mode") is True
-    judged.letters.append(
-        dead_letter(
-            _item_bytes(item),
-            reason,
-            tenant=tenant,
-            keep=keep,
-            field=field,
-            session_id=_session_id(item),
-            withhold=private,
-        )
-    )
+    letter = dead_letter(_item_bytes(item), reason, tenant=tenant, keep=keep, field=field, session_id=_session_id(item))
+    # The caller's answer carries the same reason as the dead letter: a private item's values are masked there too.
+    judged.results.append({"index": index, "status": "rejected", "reason": letter.reason, "field": field})
+    judged.letters.append(letter)
 
 
 def _item_bytes(item: object) -> bytes:

@@ -14,7 +14,6 @@ Run as a process: ``python -m ingest.archiver`` (settings from ``LIVELOOP_ARCHIV
 
 from __future__ import annotations
 
-import json
 import logging
 import signal
 import sys
@@ -37,7 +36,7 @@ from pydantic import Field, SecretStr, ValidationError
 from pydantic_settings import SettingsConfigDict
 
 from infra.settings import LiveloopSettings, TopicsSettings
-from ingest.dead_letters import DeadLetter
+from ingest.dead_letters import DeadLetter, says_private
 from ingest.decoding import shorten
 from ingest.errors import IngestError, InvalidEvent
 from ingest.events import Event, parse_event
@@ -114,19 +113,8 @@ def _unstorable(policy_version: int | None) -> str | None:
 def _letter(raw: bytes, reason: str, where: str, tenant: str | None = None, session: str | None = None) -> LetterRow:
     """A record the archiver itself rejects. It has no DLQ position: ``where``, in the reason, identifies it."""
     letter = DeadLetter.of(raw, f"archiver: {where}: {reason}", "archiver", tenant=tenant, session_id=session)
-    row = (datetime.now(UTC), "archiver", _text(letter.reason) or "", _text(tenant), _text(session))
+    row = (datetime.now(UTC), "archiver", _text(letter.reason) or "", _text(letter.tenant), _text(letter.session_id))
     return (*row, letter.raw(), None, None)
-
-
-def _says_private(raw: bytes) -> bool:
-    """Whether a payload that may not even parse as an event still says it is in privacy mode."""
-    if b"privacy_mode" not in raw:
-        return False
-    try:
-        decoded = json.loads(raw)
-    except (ValueError, RecursionError):
-        return False
-    return isinstance(decoded, dict) and decoded.get("privacy_mode") is True
 
 
 def _text(value: str | None) -> str | None:
@@ -166,12 +154,13 @@ class Batch:
         )
 
     def add_unparsed(self, raw: bytes, reason: str, where: str) -> None:
-        """An events-topic record that does not parse: dead-lettered, unless it says it is in privacy mode."""
-        if _says_private(raw):
+        """An events-topic record that does not parse: dead-lettered (one that says it is in privacy mode
+        keeps only the masked reason and its size: see :meth:`DeadLetter.of`)."""
+        if says_private(raw):
             self.privacy_dropped += 1
         else:
             log.warning("%s does not parse, dead-lettered: %s", where, reason)
-            self.letters[where] = _letter(raw, reason, where)
+        self.letters[where] = _letter(raw, reason, where)
 
     def add_dead_letter(self, value: bytes | None, partition: int, offset: int) -> None:
         """A record of the dead-letter topic; one that is not a DeadLetter is stored with the reason why."""
@@ -182,11 +171,11 @@ class Batch:
             why = shorten(str(exc).replace("\n", "; "), 500)
             letter = DeadLetter.of(value or b"", f"archiver: record is not a DeadLetter: {why}", "archiver")
             raw = letter.raw()
-        if _says_private(raw):  # rejected, yet still a privacy-mode session's data: never stored
+        if says_private(raw):  # rejected, yet still a privacy-mode session's data: only the withheld letter is stored
             self.privacy_dropped += 1
-            return
+        letter = letter.kept()  # a letter from an older or foreign producer obeys the privacy rule here too
         row = (letter.received_at, letter.source, _text(letter.reason) or "", _text(letter.tenant))
-        self.letters[(partition, offset)] = (*row, _text(letter.session_id), raw, partition, offset)
+        self.letters[(partition, offset)] = (*row, _text(letter.session_id), letter.raw(), partition, offset)
 
 
 def _cols(columns: tuple[str, ...], prefix: str = "") -> sql.Composable:

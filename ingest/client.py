@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import json
 import logging
 import threading
 import time
@@ -29,8 +30,9 @@ from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
 from infra.settings import LiveloopSettings
+from ingest.dead_letters import says_private, withheld_reason
 from ingest.decoding import JSON_NUL_BYTES, reject_nul
-from ingest.errors import BrokerUnavailable
+from ingest.errors import BrokerUnavailable, InvalidEvent
 from ingest.events import Event, event_to_json, parse_event
 from ingest.journal import Journal, Position
 from ingest.redaction import redact_event
@@ -87,7 +89,13 @@ class Client:
 
         Raises InvalidEvent (the caller's bug: nothing was written) or BackPressure (journal full).
         """
-        parsed = event if not isinstance(event, Mapping | bytes | str) else parse_event(event)
+        if isinstance(event, Mapping | bytes | str):
+            try:
+                parsed = parse_event(event)
+            except InvalidEvent as exc:
+                raise _private_safe(exc, event) from None
+        else:
+            parsed = event
         if parsed.privacy_mode:
             with self._stats_lock:
                 self.stats.privacy_dropped += 1
@@ -257,3 +265,18 @@ class _Inflight:
         self.futures.clear()
         self.segments.clear()
         self.ends.clear()
+
+
+def _private_safe(error: InvalidEvent, event: Mapping[str, Any] | bytes | str) -> InvalidEvent:
+    """``error``, or for an item that says ``privacy_mode: true`` the same error with every value of the
+    item masked in its reason: the caller logs or dead-letters it, and a private item must leave nothing
+    that identifies its session (the rule of :meth:`ingest.dead_letters.DeadLetter.of`)."""
+    if isinstance(event, bytes):
+        raw = event
+    elif isinstance(event, str):
+        raw = event.encode("utf-8", "replace")
+    else:
+        raw = json.dumps(event, ensure_ascii=False, default=str).encode("utf-8", "replace")
+    if not says_private(raw):
+        return error
+    return type(error)(withheld_reason(error.reason, raw, error.field), error.field)

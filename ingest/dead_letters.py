@@ -5,11 +5,21 @@ Every stage that rejects input (the HTTP API, the SDK's callers, the distiller) 
 rejected is lost and a person can see why. The archiver stores them in the ``dead_letters`` table.
 The raw payload is kept as received (base64, as it may not even be UTF-8), except that secrets are
 redacted when the payload is readable text.
+
+One rule for privacy mode, applied here and nowhere else (:meth:`DeadLetter.of`): an item that says
+``privacy_mode: true`` (:func:`says_private`, which also reads items too malformed to parse) keeps
+nothing that identifies its session: no payload, no session id (so no Kafka key), and a reason with
+every value quoted from the item masked (:func:`withheld_reason`). What stays is what a person needs
+to fix the producer: the source, the masked reason, the field, the tenant of the API key, the size.
+No keyed hash of the session is kept (it would need a per-deployment secret in every stage); a
+private item's dead letter cannot be tied to its session.
 """
 
 from __future__ import annotations
 
 import base64
+import json
+import re
 from datetime import UTC, datetime
 from typing import Literal
 
@@ -21,6 +31,61 @@ MAX_RAW_BYTES = 1 << 20
 """Longest raw payload kept in a dead letter; longer ones are cut (the reason says the size)."""
 
 Source = Literal["ingest-api", "sdk", "distill", "archiver"]
+
+WITHHELD = " [payload withheld: privacy_mode is true]"
+"""Ends the reason of a privacy-mode item's dead letter (letters written before this rule ended so too)."""
+
+MASK = "\u2026"
+"""What a value quoted from a private item becomes in its dead letter's reason."""
+
+# ``"privacy_mode": true`` as a key of some object: the lookbehind skips the escaped quote of a key
+# written inside a JSON string (a prompt that mentions it). Found by a regex so that an item too
+# malformed to parse still counts as private.
+_SAYS_PRIVATE = re.compile(rb'(?<!\\)"privacy_mode"\s*:\s*true\b')
+_JSON_STRING = re.compile(rb'"((?:[^"\\]|\\.)*)"(\s*:)?')
+_QUOTED = re.compile(r"'[^']*'|\"[^\"]*\"|`[^`]*`")
+_MIN_MASKED = 4
+"""Unquoted values shorter than this are left in a reason: masking "a" or "id" would garble its words,
+and no generated reason writes a short value unquoted (an event id, the one unquoted value, is a UUID)."""
+
+
+def says_private(raw: bytes) -> bool:
+    """Whether ``raw``, an item or a whole body that may not even parse, says ``privacy_mode: true``.
+
+    Errs towards private: any object in it saying so counts (a batch with one private item, an item
+    whose ``privacy_mode`` sits next to a broken field).
+    """
+    return b"privacy_mode" in raw and _SAYS_PRIVATE.search(raw) is not None
+
+
+def withheld_reason(reason: str, raw: bytes, field: str | None = None) -> str:
+    """``reason`` without any value of the private item ``raw``, marked as withheld.
+
+    Reasons may quote input (a tenant, a duplicate event id, a validator's message), so every quoted
+    span is masked unless it is the field or a key of the item (never also one of its values), and so
+    is every string value of the item wherever it appears. Keys say where the problem is.
+    """
+    values, keys = _strings(raw)
+    names = (keys - values) | ({field} if field else set())
+    kept = {f"{quote}{name}{quote}" for name in names for quote in "'\"`"}
+    masked = _QUOTED.sub(lambda m: m.group(0) if m.group(0) in kept else MASK, reason.removesuffix(WITHHELD))
+    for value in sorted((v for v in values if len(v) >= _MIN_MASKED), key=len, reverse=True):
+        masked = masked.replace(value, MASK)
+    return (masked + WITHHELD) if masked.strip() else "rejected" + WITHHELD
+
+
+def _strings(raw: bytes) -> tuple[set[str], set[str]]:
+    """``(values, keys)``: the JSON strings in ``raw``, decoded where they can be, split by whether a
+    colon follows (a key) or not (a value)."""
+    values: set[str] = set()
+    keys: set[str] = set()
+    for match in _JSON_STRING.finditer(raw):
+        try:
+            text = json.loads(match.group(0).rstrip(b": \t\n\r"))
+        except ValueError:
+            text = match.group(1).decode("utf-8", "replace")
+        (keys if match.group(2) else values).add(text)
+    return values, keys
 
 
 class DeadLetter(BaseModel):
@@ -46,10 +111,27 @@ class DeadLetter(BaseModel):
         field: str | None = None,
         tenant: str | None = None,
         session_id: str | None = None,
+        *,
+        keep: int = MAX_RAW_BYTES,
+        size: int | None = None,
     ) -> DeadLetter:
-        """Build a dead letter from the raw bytes, redacting secrets if they decode as text."""
-        size = len(raw)
-        kept = raw[:MAX_RAW_BYTES]
+        """Build a dead letter from the raw bytes, redacting secrets if they decode as text.
+
+        At most ``keep`` bytes of the payload are kept (never over :data:`MAX_RAW_BYTES`); ``size`` is
+        the item's true size when ``raw`` is only what was read of it. A privacy-mode item keeps no
+        payload, no session id and no value in its reason (see the module's docstring).
+        """
+        size = len(raw) if size is None else size
+        if says_private(raw):
+            return cls(
+                source=source,
+                reason=withheld_reason(reason, raw, field)[:4096],
+                field=field,
+                tenant=tenant,
+                raw_b64="",
+                raw_size=size,
+            )
+        kept = raw[: min(keep, MAX_RAW_BYTES)]
         try:
             text, _ = redact_text(kept.decode("utf-8"))
             kept = text.encode("utf-8")
@@ -64,6 +146,15 @@ class DeadLetter(BaseModel):
             raw_b64=base64.b64encode(kept).decode("ascii"),
             raw_size=size,
         )
+
+    def kept(self) -> DeadLetter:
+        """This letter as the privacy rule lets it be stored: one from an older or foreign producer that
+        still holds a private item's payload, or a withheld one that kept its session id, loses them."""
+        raw = self.raw()
+        if not says_private(raw) and not (self.reason.endswith(WITHHELD) and self.session_id):
+            return self
+        reason = withheld_reason(self.reason, raw, self.field)[:4096]
+        return self.model_copy(update={"reason": reason, "session_id": None, "raw_b64": ""})
 
     def raw(self) -> bytes:
         """The (redacted) payload bytes."""

@@ -142,6 +142,17 @@ class GenerationEmitter:
                 payload=payload,
             )
             self.sink.emit(event)
-        except Exception:  # the SDK's BackPressure, a contract violation, a disk error: the answer goes out anyway
+        except (
+            Exception
+        ) as exc:  # the SDK's BackPressure, a contract violation, a disk error: the answer goes out anyway
             self.metrics.emit_failures.inc()
-            log.warning("could not emit the generation event %s", generation_id, exc_info=True)
+            if context.privacy_mode:
+                # A validation error quotes its input (the session, the user, the text): for a private
+                # session the log keeps only the error's kind, as its dead letter would.
+                log.warning(
+                    "could not emit the generation event %s of a privacy-mode session: %s (details withheld)",
+                    generation_id,
+                    type(exc).__name__,
+                )
+            else:
+                log.warning("could not emit the generation event %s", generation_id, exc_info=True)

@@ -5,10 +5,14 @@ Searches every place the loop keeps data, each read the way its data can be seen
 - every Kafka topic, record by record from the beginning (batches on disk are compressed, so the
   broker's files cannot simply be grepped);
 - every table of every database on the PostgreSQL server, a row's whole text at a time
-  (large values on disk are compressed too);
+  (large values on disk are compressed too), and every text column compared whole with the private
+  session ids (a row's text writes a plain id unquoted: ``dead_letters.session_id``);
 - every file of the local state folder: MLflow's artifact store, the checkpoints, the journals,
   the components' own state and the logs (the PostgreSQL cluster's files excepted: see above); a
   RocksDB store (the distiller's tables) also key by key, since its files compress whole blocks.
+
+The dead-letter topic and table are read like the rest: the demo's simulator sends malformed items of
+private sessions too, whose dead letters must keep nothing of the session.
 
 A finding names the place (a topic, a table, a file) and how many records, rows or planted strings it
 holds, never the string itself. A topic that cannot be read to its end fails the scan: a partial read
@@ -38,7 +42,7 @@ def scan_for_leaks(stack: Stack, secrets: Iterable[str], session_ids: Iterable[s
         return {}
     found: dict[str, int] = {}
     found.update(_kafka(stack.endpoints.kafka_bootstrap, needles, keys))
-    found.update(_postgres(stack.endpoints.dsn(), [needle.decode() for needle in needles]))
+    found.update(_postgres(stack.endpoints.dsn(), [needle.decode() for needle in needles], keys))
     # The PostgreSQL cluster's files are left out: its rows were read whole above.
     found.update(scan_files(stack.settings.state_dir.resolve(), needles, keys, skip=stack.postgres.root_dir.resolve()))
     return {place: count for place, count in found.items() if count}
@@ -112,8 +116,11 @@ def _kafka(bootstrap: str, needles: list[bytes], keys: set[bytes]) -> dict[str, 
     return found
 
 
-def _postgres(dsn: str, needles: list[str]) -> dict[str, int]:
+def _postgres(dsn: str, needles: list[str], keys: set[bytes]) -> dict[str, int]:
+    """``postgres:<database>.<schema>.<table>`` -> rows holding a planted string, or a private session's id
+    as a whole text column (``dead_letters.session_id``: a row's text form writes it unquoted)."""
     patterns = ["%" + needle.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%" for needle in needles]
+    ids = sorted(key.decode() for key in keys)
     found: dict[str, int] = {}
     with psycopg.connect(dsn, autocommit=True) as conn:
         databases = [row[0] for row in conn.execute("SELECT datname FROM pg_database WHERE NOT datistemplate")]
@@ -126,20 +133,26 @@ def _postgres(dsn: str, needles: list[str]) -> dict[str, int]:
             ).fetchall()
             for schema, table in tables:
                 # A row's text form holds every column, but bytea shows as hex there: check those columns
-                # in escape form, where printable ASCII (every planted string) stays as it is.
-                binary = conn.execute(
-                    "SELECT column_name FROM information_schema.columns "
-                    "WHERE table_schema = %s AND table_name = %s AND data_type = 'bytea'",
+                # in escape form, where printable ASCII (every planted string) stays as it is. A text
+                # column holding just a session id shows it unquoted: compare those columns whole.
+                columns = conn.execute(
+                    "SELECT column_name, data_type FROM information_schema.columns WHERE table_schema = %s "
+                    "AND table_name = %s AND data_type IN ('bytea', 'text', 'character varying')",
                     (schema, table),
                 ).fetchall()
-                conditions = [sql.SQL("r::text LIKE ANY(%(p)s)")] + [
-                    sql.SQL("encode(r.{c}, 'escape') LIKE ANY(%(p)s)").format(c=sql.Identifier(column))
-                    for (column,) in binary
-                ]
+                conditions: list[sql.Composable] = [sql.SQL("r::text LIKE ANY(%(p)s)")]
+                for column, data_type in columns:
+                    if data_type == "bytea":
+                        condition = sql.SQL("encode(r.{c}, 'escape') LIKE ANY(%(p)s)")
+                    elif ids:
+                        condition = sql.SQL("r.{c}::text = ANY(%(k)s)")
+                    else:
+                        continue
+                    conditions.append(condition.format(c=sql.Identifier(column)))
                 query = sql.SQL("SELECT count(*) FROM {t} AS r WHERE {conditions}").format(
                     t=sql.Identifier(schema, table), conditions=sql.SQL(" OR ").join(conditions)
                 )
-                row = conn.execute(query, {"p": patterns}).fetchone()
+                row = conn.execute(query, {"p": patterns, "k": ids}).fetchone()
                 found[f"postgres:{database}.{schema}.{table}"] = int(row[0]) if row else 0
     return found
 

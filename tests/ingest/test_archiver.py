@@ -38,7 +38,7 @@ from infra.migrations import migrate
 from infra.stack import Endpoints
 from ingest.archiver import REGISTRY, Archiver, ArchiverError, ArchiverSettings
 from ingest.client import Client
-from ingest.dead_letters import DeadLetter
+from ingest.dead_letters import WITHHELD, DeadLetter
 from ingest.events import Event, event_to_json, parse_event
 
 REPO = Path(__file__).resolve().parents[2]
@@ -214,7 +214,7 @@ def test_dead_letters_are_archived_once_and_unstorable_events_become_dead_letter
     huge["payload"]["policy_version"] = 2**40
     bad_events = [
         b'{"type": "nope"}',
-        b'{"privacy_mode": true, "type": "nope"}',  # unparseable but private: dropped, never stored
+        b'{"privacy_mode": true, "type": "nope"}',  # unparseable but private: a withheld dead letter
         json.dumps(nul).encode(),
         json.dumps(huge).encode(),
     ]
@@ -230,23 +230,28 @@ def test_dead_letters_are_archived_once_and_unstorable_events_become_dead_letter
                 step=archiver.run_once,
             )
         assert _count(audit_db) == 1
-        assert _count(audit_db, "dead_letters") == len(letters) + 1 + 3
+        assert _count(audit_db, "dead_letters") == len(letters) + 2 + 4
 
     with psycopg.connect(audit_db) as conn:
         rows = conn.execute(
             "SELECT source, reason, tenant, session_id, raw, kafka_partition, kafka_offset FROM dead_letters"
         ).fetchall()
     from_dlq = sorted((r for r in rows if r[5] is not None), key=lambda r: r[6])  # one partition: send order
-    assert len(from_dlq) == len(letters) + 1, "the privacy-mode payload must not be stored, even as a dead letter"
-    for letter, row in zip(letters, from_dlq[:-1], strict=True):
+    assert len(from_dlq) == len(letters) + 2
+    for letter, row in zip(letters, from_dlq[:-2], strict=True):
         assert row[:5] == (letter.source, letter.reason, letter.tenant, letter.session_id, letter.raw())
-    source, reason, *_, raw, _, _ = from_dlq[-1]
+    source, reason, *_, raw, _, _ = from_dlq[-2]
     assert (source, raw) == ("archiver", b"not a dead letter")
     assert "not a DeadLetter" in reason
+    # The privacy-mode payload is not stored, even as a dead letter: only its withheld letter is.
+    assert from_dlq[-1][:5] == ("ingest-api", private.reason, None, None, b"")
+    assert private.reason.endswith(WITHHELD)
     made = {r[1].split(": ", 2)[2]: r for r in rows if r[5] is None}  # keyed by the reason after the position
     assert all(r[0] == "archiver" and r[1].startswith(f"archiver: {topics[0]}[") for r in made.values())
-    assert len(made) == 3
-    unknown = next(r for reason, r in made.items() if "unknown event type" in reason)
+    assert len(made) == 4
+    withheld = next(r for reason, r in made.items() if reason.endswith(WITHHELD))
+    assert (withheld[3], withheld[4]) == (None, b"")
+    unknown = next(r for reason, r in made.items() if "unknown event type" in reason and WITHHELD not in reason)
     assert unknown[4] == bad_events[0]
     holds_nul = next(r for reason, r in made.items() if "NUL character" in reason)
     assert json.loads(holds_nul[4])["payload"]["prompt"] == "a\x00b"  # kept as sent (ingest refuses it)

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ingest.api_batch import BodyTooLarge, Limits, decode_body, judge_body, judge_items
+from ingest.api_batch import BodyTooLarge, Limits, dead_letter, decode_body, judge_body, judge_items
 from ingest.api_fast import parse_clean_event, validate_clean_body
 from ingest.errors import InvalidEvent
 from ingest.events import EVENT_TYPES, event_to_json, parse_event
@@ -112,10 +112,10 @@ def _exact(raw: bytes, tenant: str) -> Any:
     """The exact path alone: decode the body, then judge item by item."""
     try:
         items, is_batch = decode_body(raw, LIMITS.max_items)
-    except BodyTooLarge as exc:
-        return ("body rejected", 413, "too_large", exc.reason)
+    except BodyTooLarge as exc:  # the answer is the dead letter's reason: a private body's values masked
+        return ("body rejected", 413, "too_large", _letter_reason(raw, exc.reason))
     except InvalidEvent as exc:
-        return ("body rejected", 400, "malformed", exc.reason)
+        return ("body rejected", 400, "malformed", _letter_reason(raw, exc.reason))
     judged = judge_items(items, tenant, record_limit=LIMITS.record_limit, dlq_raw_limit=LIMITS.dlq_keep)
     letters = [(letter.reason, letter.field, letter.session_id, letter.raw_b64) for letter in judged.letters]
     return (
@@ -130,6 +130,10 @@ def _exact(raw: bytes, tenant: str) -> Any:
         letters,
         json.loads(judged.answer()),
     )
+
+
+def _letter_reason(raw: bytes, reason: str) -> str:
+    return dead_letter(raw, reason, tenant=TENANT, keep=LIMITS.dlq_keep).reason
 
 
 def _event(event_type: str, i: int, **changes: Any) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""The leak scan's reading of the local state: every file as bytes, and RocksDB stores key by key.
+"""The leak scan's reading of the local state: every file as bytes, and RocksDB stores key by key; and of
+PostgreSQL's ``dead_letters`` table, where a private session's malformed item was once kept by its id.
 
 Its Kafka and PostgreSQL halves run in the demo (tests/liveloop/test_demo.py) and the fault drill
 (tests/reliability/test_faults.py) against the real services.
@@ -9,9 +10,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import psycopg
 from rocksdict import Options, Rdict
 
-from liveloop.demo.leak_scan import planted_strings, scan_files
+from infra.migrations import migrate
+from infra.stack import Endpoints
+from ingest.dead_letters import DeadLetter
+from liveloop.demo.leak_scan import _postgres, planted_strings, scan_files
 
 RUN = "ab12cd34"
 PRIVATE = f"sim-{RUN}-123"
@@ -66,3 +71,24 @@ def test_a_secret_in_a_file_is_named_by_its_path_and_the_skipped_folder_is_not_r
     found = scan_files(tmp_path, needles, keys, skip=tmp_path / "postgres")
 
     assert found == {"files:logs/gateway.log": 1, "files:gateway-journal/0.seg": 1}
+
+
+def test_a_private_sessions_dead_letter_is_found_by_its_session_id_column(
+    endpoints: Endpoints, fresh_database: str
+) -> None:
+    """A row's text form writes a plain id unquoted, so the quoted needle alone would miss the
+    ``session_id`` column; the scan compares text columns whole with the private ids too."""
+    migrate(fresh_database)
+    item = json.dumps({"privacy_mode": True, "session_id": PRIVATE, "type": "nope"}).encode()
+    withheld = DeadLetter.of(item, "unknown event type 'nope'", "ingest-api", session_id=PRIVATE)
+    insert = "INSERT INTO dead_letters (source, reason, tenant, session_id, raw) VALUES (%s, %s, %s, %s, %s)"
+    with psycopg.connect(fresh_database, autocommit=True) as conn:
+        # As the ingest API wrote it before privacy-mode letters lost the session id: payload withheld, id kept.
+        conn.execute(insert, ("ingest-api", "unknown event type", "default", PRIVATE, b""))
+        conn.execute(insert, (withheld.source, withheld.reason, withheld.tenant, withheld.session_id, withheld.raw()))
+    needles, keys = planted_strings([], [PRIVATE, f"sim-{RUN}-12"])
+    place = f"postgres:{fresh_database.rsplit('/', 1)[1]}.public.dead_letters"
+
+    found = _postgres(endpoints.dsn(), [needle.decode() for needle in needles], keys)
+
+    assert found[place] == 1  # the old row; the one the rule makes now holds nothing of the session

@@ -9,6 +9,7 @@ must end up in the dead-letter topic, never on the events topic.
 
 from __future__ import annotations
 
+import json
 import random
 import string
 from collections.abc import Callable
@@ -44,13 +45,19 @@ def plant_secret(rng: random.Random) -> tuple[str, str, str]:
     return kind, secret, template.format(secret=secret)
 
 
-def malformed_event(rng: random.Random, session_id: str, user_id: str, generation_id: str) -> tuple[str, Any]:
-    """``(what, body)``: one malformed event (a JSON value, or raw text) of a kind drawn from ``rng``."""
+def malformed_event(
+    rng: random.Random, session_id: str, user_id: str, generation_id: str, private: bool = False
+) -> tuple[str, Any]:
+    """``(what, body)``: one malformed event (a JSON value, or raw text) of a kind drawn from ``rng``.
+
+    ``private``: the event says ``privacy_mode: true``, so its dead letter must keep nothing of the
+    session (the demo's leak scan looks for the session's id everywhere)."""
     base: dict[str, Any] = {
         "type": "suggestion.accepted",
         "ts": "2026-01-01T00:00:00Z",
         "session_id": session_id,
         "user_id": user_id,
+        **({"privacy_mode": True} if private else {}),
         "payload": {"generation_id": generation_id},
     }
     kind = rng.randrange(5)
@@ -62,4 +69,6 @@ def malformed_event(rng: random.Random, session_id: str, user_id: str, generatio
         return "bad_generation_id", {**base, "payload": {"generation_id": "not-a-uuid"}}
     if kind == 3:
         return "unknown_field", {**base, "payload": {"generation_id": generation_id, "confidence": 0.9}}
+    if private:  # cut after the session id: a body too broken to parse that still says it is private
+        return "not_json", json.dumps(base)[: -len(json.dumps(base["payload"])) - 1]
     return "not_json", '{"type": "suggestion.accepted", "session_id": '

@@ -116,8 +116,10 @@ def _flush_due(
             emit(event)
 
 
-def _send_malformed(w: Wiring, rng: random.Random, session_id: str, user_id: str, generation_id: str) -> None:
-    what, body = malformed_event(rng, session_id, user_id, generation_id)
+def _send_malformed(
+    w: Wiring, rng: random.Random, session_id: str, user_id: str, generation_id: str, private: bool
+) -> None:
+    what, body = malformed_event(rng, session_id, user_id, generation_id, private)
     if w.ingest is None:
         w.recorder.malformed(sent=False, dead_lettered=False)
         return
@@ -140,8 +142,8 @@ def run_session(w: Wiring, index: int) -> None:
     user_id = f"{profile.name}-{rng.randrange(s.users_per_profile)}"
     privacy = rng.random() < s.privacy_share
     secret = plant_secret(rng) if rng.random() < s.secret_share else None
-    # A dead letter keeps the raw body, session id included: private sessions must not leave one.
-    malformed = rng.random() < s.malformed_share and not privacy
+    # A private session's malformed event is dead-lettered too, keeping nothing of the session: the leak scan checks.
+    malformed = rng.random() < s.malformed_share
     envelope = Envelope(session_id, user_id, s.tenant, privacy)
     w.recorder.session(profile.name, session_id, privacy)
     if secret is not None:
@@ -203,7 +205,7 @@ def run_session(w: Wiring, index: int) -> None:
         for event in immediate_events(envelope, generation_id, reaction, now, tool_error):
             emit(event)
         if malformed and turn == 0:
-            _send_malformed(w, rng, session_id, user_id, served.generation_id)
+            _send_malformed(w, rng, session_id, user_id, served.generation_id, privacy)
         if reaction.edit is not None or reaction.rating is not None:
             due = time.monotonic() + _jitter(rng, s.edit_check_delay_s)
             heapq.heappush(later, (due, turn, _Pending(generation_id, reaction, time.monotonic())))
