@@ -11,7 +11,9 @@ One rule for privacy mode, applied here and nowhere else (:meth:`DeadLetter.of`)
 nothing that identifies its session: no payload, no session id (so no Kafka key), and a reason with
 every value quoted from the item masked (:func:`withheld_reason`). What stays is what a person needs
 to fix the producer: the source, the masked reason, the field, the tenant of the API key, the size.
-No keyed hash of the session is kept (it would need a per-deployment secret in every stage); a
+An item read only in part (a body over the size limit, not read further) may say so past what was
+read; it cannot be ruled private or not, so it keeps no payload and no session id either
+(:data:`PARTIAL`). No keyed hash of the session is kept (it would need a per-deployment secret in every stage); a
 private item's dead letter cannot be tied to its session.
 """
 
@@ -34,6 +36,9 @@ Source = Literal["ingest-api", "sdk", "distill", "archiver"]
 
 WITHHELD = " [payload withheld: privacy_mode is true]"
 """Ends the reason of a privacy-mode item's dead letter (letters written before this rule ended so too)."""
+
+PARTIAL = " [payload withheld: read only in part, so privacy mode could not be ruled out]"
+"""Ends the reason of a dead letter whose item was not read whole (and did not say privacy mode in what was)."""
 
 MASK = "\u2026"
 """What a value quoted from a private item becomes in its dead letter's reason."""
@@ -122,10 +127,11 @@ class DeadLetter(BaseModel):
         payload, no session id and no value in its reason (see the module's docstring).
         """
         size = len(raw) if size is None else size
-        if says_private(raw):
+        private = says_private(raw)
+        if private or size > len(raw):
             return cls(
                 source=source,
-                reason=withheld_reason(reason, raw, field)[:4096],
+                reason=(withheld_reason(reason, raw, field) if private else reason + PARTIAL)[:4096],
                 field=field,
                 tenant=tenant,
                 raw_b64="",

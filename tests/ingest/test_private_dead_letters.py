@@ -26,7 +26,7 @@ from infra.migrations import migrate
 from infra.stack import Endpoints
 from ingest.archiver import Archiver
 from ingest.client import Client
-from ingest.dead_letters import WITHHELD, DeadLetter
+from ingest.dead_letters import PARTIAL, WITHHELD, DeadLetter
 from ingest.errors import InvalidEvent
 from serving.emission import GenerationEmitter, RequestContext
 from serving.engine import Generation
@@ -119,6 +119,26 @@ def test_ingest_api(api: Api, endpoints: Endpoints, fresh_database: str, private
 
     _assert_withheld(endpoints, fresh_database, api.settings.events_topic, api.settings.dlq_topic, private)
     assert len(api.letters()) == 3
+
+
+def test_a_body_read_only_in_part_keeps_nothing_of_it(api: Api, private: Private) -> None:
+    """Past the size limit the API stops reading, before a ``privacy_mode`` late in the body: what it
+    read (the session id, the user id, the text) must not be kept, since the item may be private."""
+    padding = "x" * api.settings.max_request_bytes
+    body = json.dumps(private.item(payload={"prompt": private.text + padding}, privacy_mode=False))
+    body = body.replace('"privacy_mode": false, ', "")[:-1] + ', "privacy_mode": true}'
+    assert body.index("privacy_mode") > api.settings.max_request_bytes
+
+    def chunks() -> Any:  # no Content-Length: the server reads until the limit, then stops
+        for start in range(0, len(body), 64 * 1024):
+            yield body[start : start + 64 * 1024].encode()
+
+    assert api.post(None, raw=chunks()).status_code == 413
+    letters = api.letters()
+    assert len(letters) == 1
+    assert (letters[0].session_id, letters[0].raw(), letters[0].reason.endswith(PARTIAL)) == (None, b"", True)
+    held = letters[0].to_json()
+    assert not [s for s in private.strings() if s in held]
 
 
 def test_sdk_and_its_caller(
