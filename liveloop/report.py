@@ -158,15 +158,17 @@ def _markdown(report: dict[str, Any]) -> str:
     else:
         lines += [f"No improvement to report: {v['why']}.", ""]
     lines += [
-        "| policy version | model version | requests | acceptance | 95 % interval | mean reward | invalid tool calls |",
-        "|---|---|---|---|---|---|---|",
+        "| policy version | model version | requests | acceptance | 95 % interval | mean reward | invalid tool calls"
+        " | distinct share | well-formed |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for item in report["versions"]:
         low, high = item["acceptance_ci95"]
         reward = "" if item["mean_reward"] is None else f"{item['mean_reward']:.3f}"
         lines.append(
             f"| {item['policy_version']} | {item['model_version'] or ''} | {item['requests']} | "
-            f"{item['acceptance_rate']:.3f} | {low:.3f}-{high:.3f} | {reward} | {item['invalid_tool_call_rate']:.3f} |"
+            f"{item['acceptance_rate']:.3f} | {low:.3f}-{high:.3f} | {reward} | {item['invalid_tool_call_rate']:.3f} | "
+            f"{item['distinct_share']:.3f} | {item['well_formed_share']:.3f} |"
         )
     lines += ["", "## Gate decisions", ""]
     for d in report["gate_decisions"]:

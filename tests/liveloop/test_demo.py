@@ -42,6 +42,8 @@ VERSION_KEYS = {
     "mean_reward",
     "invalid_tool_call_rate",
     "deferral_rate",
+    "distinct_share",
+    "well_formed_share",
 }
 
 
