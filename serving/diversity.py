@@ -29,6 +29,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+MAX_BATCH_ROWS = 128
+"""Most rows sampled together: bounds the KV cache of a probe on a larger model."""
+
 
 class WellFormed(BaseModel):
     """What a well-formed completion is, where the product defines it: a regex it must match in full.
@@ -152,22 +155,25 @@ class Sampled:
 def sample_completions(model: Any, tokenizer: Any, prompts: Sequence[str], probe: DiversityProbe) -> Sampled:
     """Sample ``probe.samples_per_prompt`` completions of every prompt, with a KV cache, on the CPU generator.
 
-    Prompts of the same token length run as one batch, every prompt repeated once per sample: no
-    padding, so a row decodes exactly as it would alone, and a probe costs about ``max_tokens`` forward
-    passes per prompt length rather than per prompt. A row ends at eos, after ``max_tokens``, or once its
-    text holds a stop string (cut there). Each step records the entropy of the tempered next-token
-    distribution of every row still running: the model's own measure of how much choice it has, less
-    noisy than counting texts. Completions come back grouped by prompt, in the order of ``prompts``.
+    Prompts of the same token length run as one batch (of at most :data:`MAX_BATCH_ROWS` rows), every
+    prompt repeated once per sample: no padding, so a row decodes exactly as it would alone, and a probe
+    costs about ``max_tokens`` forward passes per batch rather than per prompt. A row ends at eos, after
+    ``max_tokens``, or once its text holds a stop string (cut there). Each step records the entropy of
+    the tempered next-token distribution of every row still running: the model's own measure of how
+    much choice it has, less noisy than counting texts. Completions come back grouped by prompt, in the
+    order of ``prompts``.
     """
     eos = tokenizer.eos_token_id
     encoded = [list(tokenizer(p, add_special_tokens=False)["input_ids"]) or [eos] for p in prompts]
     by_length: dict[int, list[int]] = {}
     for index, ids in enumerate(encoded):
         by_length.setdefault(len(ids), []).append(index)
+    per_batch = max(1, MAX_BATCH_ROWS // probe.samples_per_prompt)
+    batches = [group[i : i + per_batch] for group in by_length.values() for i in range(0, len(group), per_batch)]
     generator = _generator(probe.seed)
     texts: dict[int, list[str]] = {}
     entropies: list[float] = []
-    for indices in by_length.values():
+    for indices in batches:
         rows = [encoded[i] for i in indices for _ in range(probe.samples_per_prompt)]
         drawn, drawn_entropies = _sample_batch(model, tokenizer, rows, probe, generator)
         entropies += drawn_entropies
