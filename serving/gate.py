@@ -8,6 +8,8 @@ For one announced candidate, in one MLflow run (experiment ``liveloop-gate``):
    truncated weights, paired bootstrap interval of the difference, ESS);
 3. mean KL(candidate || champion) on the held-out sequences and the suite's prompts;
 4. the regression suite, greedy (:mod:`serving.regression`), for both (the champion's rate is reported);
+   then both sampled on the suite's diversity probe (:mod:`serving.diversity`: distinct share, token
+   entropy, well-formed share where the suite defines it), so a candidate that collapsed is caught;
 5. the decision by the :class:`GatePolicy`, recorded in PostgreSQL ``evaluations``, on the run and the
    model version as tags; ``promote`` and ``reject`` then go through :class:`Promoter` (alias move,
    ``promotions`` row, event); ``hold`` waits for an operator.
@@ -37,6 +39,7 @@ from distill.samples import Sample, is_held_out, parse_sample
 from infra.registry import CHAMPION, AliasNotSet, Registry, RegistryError
 from learner.manifest import CheckpointAnnouncement, CheckpointManifest
 from learner.publish import PublishError, record_checkpoint
+from serving.diversity import DiversityStats, WellFormed, probe
 from serving.errors import ServingError
 from serving.gate_policy import Decision, GateMetrics, GatePolicy, decide
 from serving.offpolicy import compare
@@ -155,14 +158,15 @@ class Gate:
         except CheckpointRefused as exc:
             problems.append(f"champion v{champion_version}: {exc}")
         suite_result: SuiteResult | None = None
+        diversity: dict[str, DiversityStats] = {}
         by_version = self.reward_by_version()
         if problems:
             metrics = GateMetrics(held_out_samples=0, sanity_ok=False)
         else:
-            metrics, suite_result = self._measure(candidate_dir, champion_dir)
+            metrics, suite_result, diversity = self._measure(candidate_dir, champion_dir)
         decision, reasons = decide(self.policy, metrics, problems)
         evaluation_id = uuid.uuid4()
-        run_id = self._log_run(a, champion_version, metrics, decision, reasons, suite_result, by_version)
+        run_id = self._log_run(a, champion_version, metrics, decision, reasons, suite_result, by_version, diversity)
         self._record(a, manifest, evaluation_id, champion_version, run_id, metrics, decision, reasons, by_version)
         if decision == "reject":
             summary = "gate reject: " + "; ".join(r.removeprefix("FAIL ") for r in reasons if r.startswith("FAIL"))
@@ -180,7 +184,9 @@ class Gate:
         except RegistryError as exc:
             raise GateError(f"cannot fetch {name} v{version} for evaluation: {exc}") from exc
 
-    def _measure(self, candidate_dir: Path, champion_dir: Path) -> tuple[GateMetrics, SuiteResult]:
+    def _measure(
+        self, candidate_dir: Path, champion_dir: Path
+    ) -> tuple[GateMetrics, SuiteResult, dict[str, DiversityStats]]:
         candidate, tokenizer = load_policy_model(candidate_dir)
         champion, champion_tokenizer = load_policy_model(champion_dir)
         samples = [s for s in self.held_out_samples() if usable_for_ope(s)]
@@ -211,7 +217,22 @@ class Gate:
         suite_result = run_suite(self.suite, candidate, tokenizer)
         fields["regression_pass_rate"] = suite_result.pass_rate
         fields["champion_regression_pass_rate"] = run_suite(self.suite, champion, champion_tokenizer).pass_rate
-        return GateMetrics(**fields), suite_result
+        diversity = self._diversity(candidate, tokenizer, champion, champion_tokenizer, samples)
+        fields.update(_diversity_fields(diversity, self.suite.diversity.well_formed))
+        return GateMetrics(**fields), suite_result, diversity
+
+    def _diversity(
+        self, candidate: Any, tokenizer: Any, champion: Any, champion_tokenizer: Any, samples: list[Sample]
+    ) -> dict[str, DiversityStats]:
+        """Both policies sampled on the same prompts with the same seed (the suite's diversity probe)."""
+        settings = self.suite.diversity
+        prompts = list(settings.prompts)
+        held_out = list(dict.fromkeys(s.prompt for s in samples if s.prompt))  # distinct, oldest first
+        prompts += held_out[: settings.held_out_prompts]
+        return {
+            "candidate": probe(candidate, tokenizer, prompts, settings),
+            "champion": probe(champion, champion_tokenizer, prompts, settings),
+        }
 
     # -- recording -------------------------------------------------------------------------------
 
@@ -224,6 +245,7 @@ class Gate:
         reasons: list[str],
         suite: SuiteResult | None,
         by_version: dict[int, tuple[int, float]],
+        diversity: dict[str, DiversityStats] | None = None,
     ) -> str:
         tags = {
             "liveloop.checkpoint_id": a.checkpoint_id,
@@ -252,6 +274,9 @@ class Gate:
             self.client.log_dict(run_id, {"decision": decision, "reasons": reasons}, "decision.json")
             if suite is not None:
                 self.client.log_dict(run_id, suite.model_dump(), "regression.json")
+            if diversity:
+                # What each policy wrote most often: the evidence behind a diversity verdict.
+                self.client.log_dict(run_id, {k: v.model_dump() for k, v in diversity.items()}, "diversity.json")
             self.client.set_terminated(run_id, "FINISHED")
             for key, value in {
                 "liveloop.gate_decision": decision,
@@ -305,3 +330,19 @@ class Gate:
                 f"checkpoint {a.checkpoint_id} is not in the checkpoints table and its manifest failed sanity; "
                 "the learner's publish_checkpoint records it"
             ) from exc
+
+
+def _diversity_fields(diversity: dict[str, DiversityStats], well_formed: WellFormed | None) -> dict[str, Any]:
+    candidate, champion = diversity["candidate"], diversity["champion"]
+    return {
+        "diversity_completions": candidate.completions,
+        "candidate_distinct_share": candidate.distinct_share,
+        "champion_distinct_share": champion.distinct_share,
+        "candidate_token_entropy": candidate.token_entropy,
+        "champion_token_entropy": champion.token_entropy,
+        "candidate_completion_entropy": candidate.completion_entropy,
+        "champion_completion_entropy": champion.completion_entropy,
+        "candidate_well_formed_share": candidate.well_formed_share,
+        "champion_well_formed_share": champion.well_formed_share,
+        "well_formed_validator": well_formed.label if well_formed is not None else None,
+    }

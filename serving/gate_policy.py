@@ -40,6 +40,33 @@ class GatePolicy(BaseModel):
     min_ess: float = Field(default=10.0, ge=1, description="Fewest effective samples of the candidate's estimate.")
     min_held_out_samples: int = Field(default=20, ge=1, description="Fewer held-out samples: reject (cannot judge).")
     min_regression_pass_rate: float = Field(default=1.0, ge=0, le=1, description="Share of suite cases that pass.")
+    min_distinct_share_ratio: float = Field(
+        default=0.7,
+        ge=0,
+        le=1,
+        description="Sampled distinct-completion share of the candidate / the champion's must be at least this "
+        "(learning a preference narrows a little; a collapse onto a few completions falls far below).",
+    )
+    min_distinct_share: float = Field(
+        default=0.0,
+        ge=0,
+        le=1,
+        description="Absolute floor of the candidate's distinct share (0: off). The ratio alone lets a run narrow "
+        "step by step over many promotions; the floor depends on the suite's probe, so set it per product.",
+    )
+    min_entropy_ratio: float = Field(
+        default=0.6,
+        ge=0,
+        le=1,
+        description="Mean per-token sampling entropy of the candidate / the champion's must be at least this.",
+    )
+    max_well_formed_drop: float = Field(
+        default=0.1,
+        ge=0,
+        le=1,
+        description="Most the well-formed share may fall below the champion's, in absolute share points "
+        "(checked only where the suite defines a well_formed validator).",
+    )
     auto_promote: bool = Field(default=False, description="True: a pass promotes at once; False: it waits (hold).")
     importance_weight_clip: float = Field(default=20.0, gt=1, description="Truncation of importance weights.")
     ci_level: float = Field(default=0.95, gt=0.5, lt=1)
@@ -77,6 +104,16 @@ class GateMetrics(BaseModel):
     mean_kl: float = math.nan
     regression_pass_rate: float = 0.0
     champion_regression_pass_rate: float = math.nan
+    diversity_completions: int = 0
+    candidate_distinct_share: float = math.nan
+    champion_distinct_share: float = math.nan
+    candidate_token_entropy: float = math.nan
+    champion_token_entropy: float = math.nan
+    candidate_completion_entropy: float = math.nan
+    champion_completion_entropy: float = math.nan
+    candidate_well_formed_share: float = math.nan
+    champion_well_formed_share: float = math.nan
+    well_formed_validator: str | None = None
     sanity_ok: bool = True
 
 
@@ -113,10 +150,54 @@ def decide(policy: GatePolicy, m: GateMetrics, sanity_problems: list[str] | None
                 f"regression pass rate {m.regression_pass_rate:.3f} >= {policy.min_regression_pass_rate:.3f}",
             )
         )
+        checks += _diversity_checks(policy, m)
     reasons = [f"FAIL {text}" for ok, text in checks if not ok] + [f"ok {text}" for ok, text in checks if ok]
     if not all(ok for ok, _ in checks):
         return "reject", reasons
     return ("promote" if policy.auto_promote else "hold"), reasons
+
+
+def _diversity_checks(policy: GatePolicy, m: GateMetrics) -> list[tuple[bool, str]]:
+    """Candidate against champion on the sampled probe (see :mod:`serving.diversity`)."""
+    distinct = _ratio(m.candidate_distinct_share, m.champion_distinct_share)
+    entropy = _ratio(m.candidate_token_entropy, m.champion_token_entropy)
+    checks = [
+        (
+            _ge(distinct, policy.min_distinct_share_ratio),
+            f"distinct share {m.candidate_distinct_share:.3f} vs champion {m.champion_distinct_share:.3f} "
+            f"({m.diversity_completions} sampled completions each): ratio {distinct:.2f} "
+            f">= {policy.min_distinct_share_ratio:.2f}",
+        ),
+        (
+            _ge(m.candidate_distinct_share, policy.min_distinct_share),
+            f"distinct share {m.candidate_distinct_share:.3f} >= floor {policy.min_distinct_share:.3f}",
+        ),
+        (
+            _ge(entropy, policy.min_entropy_ratio),
+            f"token entropy {m.candidate_token_entropy:.3f} vs champion {m.champion_token_entropy:.3f} nats: "
+            f"ratio {entropy:.2f} >= {policy.min_entropy_ratio:.2f}",
+        ),
+    ]
+    if m.well_formed_validator is None:
+        checks.append((True, "well-formed share not checked: the suite defines no well_formed validator"))
+    else:
+        drop = m.champion_well_formed_share - m.candidate_well_formed_share
+        checks.append(
+            (
+                _ge(policy.max_well_formed_drop, drop),
+                f"well-formed share ({m.well_formed_validator}) {m.candidate_well_formed_share:.3f} "
+                f"vs champion {m.champion_well_formed_share:.3f}: "
+                f"drop {drop:+.3f} <= {policy.max_well_formed_drop:.3f}",
+            )
+        )
+    return checks
+
+
+def _ratio(candidate: float, champion: float) -> float:
+    # A champion with no diversity at all (one completion, zero entropy) cannot be narrowed further.
+    if champion == 0 and candidate >= 0:
+        return math.inf
+    return candidate / champion if champion > 0 else math.nan
 
 
 def _ge(value: float, bound: float) -> bool:

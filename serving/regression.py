@@ -4,7 +4,8 @@ A suite is a typed, versioned YAML or JSON file (see ``serving/suites/default.ya
 version, the decode length, and cases, each a prompt with one or more checks:
 ``contains`` / ``not_contains`` (a substring), ``regex`` / ``not_regex`` (``re.search``),
 ``max_length`` / ``min_length`` (characters of the completion). Decoding is greedy, so a suite run is
-deterministic for a given model.
+deterministic for a given model. An optional ``diversity`` section says how the gate samples (not
+greedy) to compare diversity and well-formedness (:class:`serving.diversity.DiversityProbe`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from serving.diversity import DiversityProbe
 from serving.documents import read_document
 from serving.errors import ServingError
 
@@ -95,6 +97,10 @@ class Suite(BaseModel):
     version: str = Field(min_length=1)
     max_tokens: int = Field(default=32, ge=1, le=512, description="Greedy tokens decoded per case.")
     cases: list[Case] = Field(min_length=1)
+    diversity: DiversityProbe = Field(
+        default_factory=DiversityProbe,
+        description="How the gate samples both policies to compare diversity and well-formedness.",
+    )
 
     @field_validator("cases")
     @classmethod

@@ -46,6 +46,10 @@ class VersionResult(_Part):
     preferred: int = Field(ge=0, description="Completions the users' hidden preference liked (before noise).")
     invalid_tool_calls: int = Field(ge=0, description="Tool calls reported invalid (the loophole).")
     invalid_tool_call_rate: float = Field(ge=0, description="Invalid tool calls per request.")
+    distinct_completions: int = Field(ge=0, description="Different completion texts this version served.")
+    distinct_share: float = Field(ge=0, le=1, description="distinct_completions / requests: falls as outputs collapse.")
+    well_formed: int = Field(ge=0, description="Completions well-formed in the simulator's language.")
+    well_formed_share: float = Field(ge=0, le=1, description="well_formed / requests.")
     mean_reward: float | None = Field(description="Mean reward of this version's samples; None without samples.")
     deferral_rate: float | None = Field(description="Share of its samples with a deferred reward; None without.")
     samples: int = Field(ge=0, description="Samples the distiller made of this version's completions.")
@@ -269,19 +273,20 @@ def markdown(report: DemoReport) -> str:
     else:
         lines += [f"No improvement to report: {report.verdict.why}.", ""]
     lines += [
-        "| version | requests | acceptance | 95 % interval | mean reward | invalid tool calls |",
-        "|---|---|---|---|---|---|",
+        "| version | requests | acceptance | 95 % interval | mean reward | invalid tool calls | distinct share "
+        "| well-formed |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for item in report.versions:
         low, high = item.acceptance_ci95
         reward = "" if item.mean_reward is None else f"{item.mean_reward:.3f}"
         lines.append(
             f"| {item.version} | {item.requests} | {item.acceptance_rate:.3f} | {low:.3f}-{high:.3f} | {reward} | "
-            f"{item.invalid_tool_call_rate:.3f} |"
+            f"{item.invalid_tool_call_rate:.3f} | {item.distinct_share:.3f} | {item.well_formed_share:.3f} |"
         )
     lines += ["", "## Gate decisions", ""]
     for d in report.gate_decisions:
-        failed = [r for r in d.reasons if isinstance(r, str) and r.startswith("fail")] or d.reasons[:2]
+        failed = [r for r in d.reasons if isinstance(r, str) and r.startswith("FAIL")] or d.reasons[:2]
         lines.append(f"- version {d.version}: **{d.decision}** ({'; '.join(map(str, failed))})")
     lines += ["", "## Alias moves", ""]
     for p in report.promotions:

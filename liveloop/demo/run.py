@@ -32,6 +32,7 @@ from liveloop.demo.leak_scan import scan_for_leaks
 from liveloop.demo.quiet import library_output_to
 from liveloop.demo.report import DemoReport, LeakScan, collect_report, write_report
 from liveloop.demo.view import Watch, progress
+from serving.regression import DEFAULT_SUITE
 
 # The compressed cadence of the demo, from the learnability experiment (tests/liveloop/
 # learnability_experiment.py): at lr 5e-4 a round of 64 samples per step lifts acceptance by
@@ -52,6 +53,9 @@ DEMO_ENVIRONMENT = {
     "LIVELOOP_SERVING_TORCH_THREADS": "1",
     "LIVELOOP_SERVING_SWAP_RECONCILE_INTERVAL_S": "5",
     "OMP_NUM_THREADS": "1",
+    # The regression suite with the demo language's prompts and its well-formedness rule, so that the
+    # gate can reject a candidate whose completions stop being valid statements.
+    "LIVELOOP_GATE_SUITE_PATH": str(DEFAULT_SUITE.with_name("code-demo.yaml")),
 }
 GATE_POLICY = {"version": "demo-1", "auto_promote": True, "min_held_out_samples": 20}
 PRETRAIN_STEPS = 400

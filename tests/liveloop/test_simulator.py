@@ -28,6 +28,7 @@ from liveloop.demo.simulator.runner import simulate
 from liveloop.demo.simulator.session import session_rng
 from liveloop.demo.simulator.settings import SimulatorSettings
 from liveloop.demo.simulator.stats import intervals_overlap, wilson_interval
+from liveloop.demo.simulator.summary import Recorder
 from liveloop.demo.simulator.users import react
 from serving.engine import SamplingParams
 from serving.torch_decode import decode_batch
@@ -158,6 +159,27 @@ def generation_event(prompt: str) -> GenerationEvent:
             },
         }
     )
+
+
+def test_the_recorder_counts_distinct_and_well_formed_completions_per_version() -> None:
+    recorder = Recorder(bucket_s=10.0)
+    served = [(1, " 42;"), (1, " 42;"), (1, " get(idx);"), (1, " 1;"), (2, " 1;"), (2, " 1;"), (2, " @fmt(x;")]
+    for at, (version, text) in enumerate(served):
+        recorder.served(
+            float(at),
+            version,
+            str(uuid4()),
+            accepted=True,
+            preferred=True,
+            invalid_tools=0,
+            privacy=False,
+            completion=text,
+            well_formed=parse(text).well_formed,
+        )
+    first, second = recorder.summary("r", 0, {}, datetime.now(UTC), 1.0).versions
+    assert (first.distinct_completions, first.distinct_share, first.well_formed_share) == (3, 0.75, 1.0)
+    assert (second.distinct_completions, second.well_formed) == (2, 2)
+    assert second.distinct_share == pytest.approx(2 / 3)
 
 
 def test_wilson_interval() -> None:
@@ -328,6 +350,8 @@ def test_a_short_run_puts_the_right_events_on_the_topic(
     [version] = summary.versions
     assert version.policy_version == 1
     assert version.requests == summary.requests
+    assert 0 < version.distinct_completions <= version.requests
+    assert 0 < version.well_formed <= version.requests
     public = summary.sessions - summary.privacy_sessions
     sent = sum(summary.events.values()) - summary.privacy_dropped
     private_requests = summary.privacy_requests

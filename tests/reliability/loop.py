@@ -34,6 +34,9 @@ PERMISSIVE_GATE = {
     "min_ess": 1.0,
     "min_regression_pass_rate": 0.0,
     "max_kl": 1000.0,
+    "min_distinct_share_ratio": 0.0,
+    "min_entropy_ratio": 0.0,
+    "max_well_formed_drop": 1.0,
 }
 
 

@@ -33,7 +33,7 @@ import openai
 from ingest.events import EventBase, SessionEndedEvent, SessionStartedEvent
 from ingest.payloads import SessionEndedPayload, SessionStartedPayload
 from liveloop.demo.simulator.feedback import Envelope, immediate_events, later_events
-from liveloop.demo.simulator.language import make_prompt
+from liveloop.demo.simulator.language import make_prompt, parse
 from liveloop.demo.simulator.planted import malformed_event, plant_secret
 from liveloop.demo.simulator.profiles import profile_by_name
 from liveloop.demo.simulator.settings import SimulatorSettings
@@ -199,6 +199,8 @@ def run_session(w: Wiring, index: int) -> None:
             preferred=reaction.preferred,
             invalid_tools=sum(1 for _, valid in reaction.tool_results if not valid),
             privacy=privacy,
+            completion=served.text,
+            well_formed=parse(served.text).well_formed,
         )
         tool_error = f"tool failed; env had {secret[1]}" if secret is not None else None
         now = datetime.now(UTC)

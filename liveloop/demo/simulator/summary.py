@@ -23,6 +23,12 @@ class VersionStats(BaseModel):
     preferred: int = Field(description="Completions the users' hidden preference liked (before noise).")
     invalid_tool_calls: int = Field(description="Tool calls reported invalid (the loophole).")
     invalid_tool_call_rate: float = Field(description="Invalid tool calls per request.")
+    distinct_completions: int = Field(default=0, description="Different completion texts this version served.")
+    distinct_share: float = Field(
+        default=0.0, description="distinct_completions / requests: falls as the policy collapses onto a few texts."
+    )
+    well_formed: int = Field(default=0, description="Completions that are well-formed in the simulator's language.")
+    well_formed_share: float = Field(default=0.0, description="well_formed / requests.")
 
 
 class TimelinePoint(BaseModel):
@@ -96,8 +102,9 @@ class Recorder:
         self.malformed_skipped = 0
         self.secrets: list[PlantedSecret] = []
         self.generation_ids: list[str] = []
-        # policy version -> [requests, accepted, preferred, invalid tool calls]
+        # policy version -> [requests, accepted, preferred, invalid tool calls, well-formed]
         self._versions: dict[int, list[int]] = {}
+        self._texts: dict[int, set[str]] = {}  # policy version -> the completions it served
         self._timeline: dict[tuple[int, int], list[int]] = {}
 
     def session(self, profile: str, session_id: str, privacy: bool) -> None:
@@ -137,17 +144,22 @@ class Recorder:
         preferred: bool,
         invalid_tools: int,
         privacy: bool,
+        completion: str,
+        well_formed: bool,
     ) -> None:
-        """One completion served at ``at_s`` seconds into the run, and the user's verdict."""
+        """One completion served at ``at_s`` seconds into the run, whether it was well-formed, and the user's
+        verdict."""
         with self._lock:
             self.requests += 1
             self.privacy_requests += int(privacy)
             self.generation_ids.append(generation_id)
-            row = self._versions.setdefault(version, [0, 0, 0, 0])
+            row = self._versions.setdefault(version, [0, 0, 0, 0, 0])
             row[0] += 1
             row[1] += int(accepted)
             row[2] += int(preferred)
             row[3] += invalid_tools
+            row[4] += int(well_formed)
+            self._texts.setdefault(version, set()).add(completion)
             point = self._timeline.setdefault((int(at_s // self.bucket_s), version), [0, 0])
             point[0] += 1
             point[1] += int(accepted)
@@ -167,8 +179,12 @@ class Recorder:
                     preferred=p,
                     invalid_tool_calls=bad,
                     invalid_tool_call_rate=bad / n if n else 0.0,
+                    distinct_completions=len(self._texts[v]),
+                    distinct_share=len(self._texts[v]) / n if n else 0.0,
+                    well_formed=good,
+                    well_formed_share=good / n if n else 0.0,
                 )
-                for v, (n, a, p, bad) in sorted(self._versions.items())
+                for v, (n, a, p, bad, good) in sorted(self._versions.items())
             ]
             timeline = [
                 TimelinePoint(start_s=bucket * self.bucket_s, policy_version=v, requests=n, accepted=a)
