@@ -46,10 +46,12 @@ class VersionResult(_Part):
     preferred: int = Field(ge=0, description="Completions the users' hidden preference liked (before noise).")
     invalid_tool_calls: int = Field(ge=0, description="Tool calls reported invalid (the loophole).")
     invalid_tool_call_rate: float = Field(ge=0, description="Invalid tool calls per request.")
-    distinct_completions: int = Field(ge=0, description="Different completion texts this version served.")
-    distinct_share: float = Field(ge=0, le=1, description="distinct_completions / requests: falls as outputs collapse.")
-    well_formed: int = Field(ge=0, description="Completions well-formed in the simulator's language.")
-    well_formed_share: float = Field(ge=0, le=1, description="well_formed / requests.")
+    distinct_completions: int = Field(default=0, ge=0, description="Different completion texts this version served.")
+    distinct_share: float = Field(
+        default=0.0, ge=0, le=1, description="distinct_completions / requests: falls as outputs collapse."
+    )
+    well_formed: int = Field(default=0, ge=0, description="Completions well-formed in the simulator's language.")
+    well_formed_share: float = Field(default=0.0, ge=0, le=1, description="well_formed / requests.")
     mean_reward: float | None = Field(description="Mean reward of this version's samples; None without samples.")
     deferral_rate: float | None = Field(description="Share of its samples with a deferred reward; None without.")
     samples: int = Field(ge=0, description="Samples the distiller made of this version's completions.")

@@ -9,8 +9,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from liveloop.simulator.language import DEFAULT_MIX, CorpusMix, make_line, parse
-
+from liveloop.demo.simulator.language import DEFAULT_MIX, CorpusMix, make_line, parse
 from serving.regression import load_suite
 
 DEMO_SUITE = Path(__file__).resolve().parents[2] / "serving" / "suites" / "code-demo.yaml"

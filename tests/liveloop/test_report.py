@@ -104,7 +104,17 @@ def test_report_json_round_trips_and_every_file_speaks_of_one_version_number(tmp
     report = _report(1)
     recorder = Recorder(bucket_s=60)
     for version, at_s in ((1, 10.0), (2, 130.0), (3, 250.0)):
-        recorder.served(at_s, version, f"g{version}", accepted=True, preferred=True, invalid_tools=0, privacy=False)
+        recorder.served(
+            at_s,
+            version,
+            f"g{version}",
+            accepted=True,
+            preferred=True,
+            invalid_tools=0,
+            privacy=False,
+            completion=" 1;",
+            well_formed=True,
+        )
     summary = recorder.summary("run", 3, {"semicolons": 1.0}, STARTED, 300.0)
 
     json_path, md_path, png_path = write_report(report, summary, tmp_path)
