@@ -25,7 +25,8 @@ KAFKA_BOOTSTRAP_DEFAULT = "127.0.0.1:9092"
 MLFLOW_URL_DEFAULT = "http://127.0.0.1:5000"
 """The local stack's MLflow server (``StackSettings``' host and mlflow_port)."""
 
-_HOST_PORT = re.compile(r"[^\s,]+:(\d+)")
+# A host name or IPv4 address, or an IPv6 address in brackets; then the port.
+_HOST_PORT = re.compile(r"(?:[A-Za-z0-9._-]+|\[[0-9A-Fa-f:.]+\]):(\d+)")
 _TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
 _URI = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://\S+")
 
