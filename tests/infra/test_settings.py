@@ -17,8 +17,8 @@ from distill.settings import DistillSettings
 from infra.settings import LiveloopSettings, StackSettings, TopicsSettings
 from ingest.settings import ArchiverSettings, IngestSettings, SdkSettings
 from learner.settings import LearnerSettings
+from liveloop.demo.simulator.settings import SimulatorSettings
 from liveloop.settings import OperatorSettings
-from liveloop.simulator.settings import SimulatorSettings
 from serving.settings import GateSettings, ServingSettings
 
 DSN = "postgresql://liveloop@127.0.0.1:5433/liveloop"
