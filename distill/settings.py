@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from infra.settings import LiveloopSettings
+from infra.settings import KAFKA_BOOTSTRAP_DEFAULT, KafkaBootstrap, LiveloopSettings, PostgresDsn, TopicName
 
 
 class DistillSettings(LiveloopSettings):
@@ -16,11 +16,11 @@ class DistillSettings(LiveloopSettings):
 
     model_config = SettingsConfigDict(env_prefix="LIVELOOP_DISTILL_")
 
-    bootstrap: str = Field(default="127.0.0.1:9092", description="Kafka bootstrap servers.")
-    dsn: SecretStr = Field(description="PostgreSQL DSN of the audit store (samples, lineage, late feedback).")
-    events_topic: str = "liveloop.events"
-    samples_topic: str = "liveloop.samples"
-    dlq_topic: str = "liveloop.events.dlq"
+    bootstrap: KafkaBootstrap = KAFKA_BOOTSTRAP_DEFAULT
+    dsn: PostgresDsn = Field(description="PostgreSQL DSN of the audit store (samples, lineage, late feedback).")
+    events_topic: TopicName = "liveloop.events"
+    samples_topic: TopicName = "liveloop.samples"
+    dlq_topic: TopicName = "liveloop.events.dlq"
     app_id: str = Field(default="liveloop-distill", description="Faust app id: consumer group and table names.")
     partitions: int = Field(default=6, ge=1, description="Must equal the events topic's partition count.")
     store: Literal["rocksdb", "memory"] = Field(

@@ -7,13 +7,76 @@ at once (pydantic collects all errors of a model before it raises).
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+# The field types that several stages' settings share: each declared once, with its one validation,
+# so that a typo in any stage's env is refused at start-up with the same message naming the value.
+
 Port = Annotated[int, Field(ge=1, le=65535)]
+
+KAFKA_BOOTSTRAP_DEFAULT = "127.0.0.1:9092"
+"""The local stack's broker (``StackSettings``' host and kafka_port): every stage's default bootstrap."""
+
+MLFLOW_URL_DEFAULT = "http://127.0.0.1:5000"
+"""The local stack's MLflow server (``StackSettings``' host and mlflow_port)."""
+
+# A host name or IPv4 address, or an IPv6 address in brackets; then the port.
+_HOST_PORT = re.compile(r"(?:[A-Za-z0-9._-]+|\[[0-9A-Fa-f:.]+\]):(\d+)")
+_TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
+_URI = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://\S+")
+
+
+def _kafka_bootstrap(value: str) -> str:
+    for address in value.split(","):
+        match = _HOST_PORT.fullmatch(address)
+        if match is None or not 1 <= int(match.group(1)) <= 65535:
+            raise ValueError(
+                f"Kafka bootstrap {value!r} is not a comma-separated list of host:port (port 1-65535), "
+                f"e.g. {KAFKA_BOOTSTRAP_DEFAULT!r} or 'kafka-1:9092,kafka-2:9092'"
+            )
+    return value
+
+
+def _topic_name(value: str) -> str:
+    # Kafka's own rule (kafka.common.internals.Topic): these characters, 1 to 249 of them, not '.' or '..'.
+    if _TOPIC_NAME.fullmatch(value) is None or value in (".", ".."):
+        raise ValueError(
+            f"topic name {value!r} is not a legal Kafka topic name: 1 to 249 of the characters "
+            "A-Z a-z 0-9 . _ -, and not '.' or '..'"
+        )
+    return value
+
+
+def _uri(value: str) -> str:
+    if _URI.fullmatch(value) is None:
+        raise ValueError(f"MLflow tracking URI {value!r} is not a URI with a scheme, e.g. {MLFLOW_URL_DEFAULT!r}")
+    return value
+
+
+KafkaBootstrap = Annotated[
+    str,
+    AfterValidator(_kafka_bootstrap),
+    Field(description="Kafka bootstrap servers: a comma-separated list of host:port."),
+]
+TopicName = Annotated[
+    str,
+    AfterValidator(_topic_name),
+    Field(description="A Kafka topic name: 1 to 249 of A-Z a-z 0-9 . _ -, not '.' or '..'."),
+]
+PostgresDsn = Annotated[
+    SecretStr,
+    Field(min_length=1, description="PostgreSQL DSN (a secret, never logged): a postgresql:// URI or key=value pairs."),
+]
+MlflowUrl = Annotated[
+    str,
+    AfterValidator(_uri),
+    Field(description="MLflow tracking/registry URI, e.g. http://host:5000."),
+]
 
 
 class LiveloopSettings(BaseSettings):
@@ -32,7 +95,7 @@ class TopicSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    name: str = Field(min_length=1, max_length=249, pattern=r"^[A-Za-z0-9._-]+$")
+    name: TopicName
     partitions: int = Field(default=6, ge=1, le=1024, description="Partitions; may grow, never shrink.")
     retention_ms: int = Field(default=7 * 24 * 3600 * 1000, ge=-1, description="-1 keeps data forever.")
     cleanup_policy: Literal["delete", "compact", "compact,delete"] = "delete"
@@ -79,17 +142,19 @@ class StackSettings(LiveloopSettings):
         "(the learner and the gateway import torch and DeepSpeed, slow on a busy 2-core machine).",
     )
 
-    kafka_bootstrap: str | None = Field(default=None, description="External broker; when set none is started.")
+    kafka_bootstrap: KafkaBootstrap | None = Field(
+        default=None, description="External broker; when set none is started."
+    )
     kafka_version: str = Field(default="4.3.1", pattern=r"^4\.\d+\.\d+$")
     kafka_port: Port = 9092
     kafka_controller_port: Port = 9093
     kafka_heap_opts: str = Field(default="-Xms256m -Xmx1g", description="JVM heap for the broker (2-core boxes).")
 
-    postgres_dsn: SecretStr | None = Field(default=None, description="External PostgreSQL; when set none is started.")
+    postgres_dsn: PostgresDsn | None = Field(default=None, description="External PostgreSQL; when set none is started.")
     postgres_port: Port = 5433
     postgres_bin_dir: Path | None = Field(default=None, description="PostgreSQL server binaries; found if unset.")
 
-    mlflow_url: str | None = Field(default=None, description="External MLflow server; when set none is started.")
+    mlflow_url: MlflowUrl | None = Field(default=None, description="External MLflow server; when set none is started.")
     mlflow_port: Port = 5000
 
     @property

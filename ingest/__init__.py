@@ -9,7 +9,7 @@ in pydantic and nothing heavy (no torch, Faust, MLflow or web framework).
         client.emit(event)
 """
 
-from ingest.client import Client, SdkSettings
+from ingest.client import Client
 from ingest.errors import (
     BrokerUnavailable,
     EventTooLarge,
@@ -53,6 +53,7 @@ from ingest.payloads import (
     ToolResultPayload,
     TrajectorySegment,
 )
+from ingest.settings import SdkSettings
 
 __all__ = [
     "EVENT_ADAPTER",

@@ -33,16 +33,11 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from pathlib import Path
-from typing import Literal
 
 import uvicorn
 from fastapi import FastAPI, Request, Response
-from pydantic import Field
-from pydantic_settings import SettingsConfigDict
 
 from infra.credentials import load_credentials
-from infra.settings import LiveloopSettings, Port, TopicsSettings
 from ingest.api_auth import ApiKeys
 from ingest.api_batch import RECORD_OVERHEAD_BYTES, BodyTooLarge, Limits, dead_letter
 from ingest.api_metrics import IngestMetrics
@@ -51,62 +46,11 @@ from ingest.api_producer import EventProducer
 from ingest.api_workers import Judge
 from ingest.dead_letters import DeadLetter
 from ingest.errors import BrokerUnavailable
-from ingest.events import MAX_EVENT_BYTES
+from ingest.settings import IngestSettings
 
 log = logging.getLogger(__name__)
 
-_TOPIC = r"^[A-Za-z0-9._-]{1,249}$"
 _JSON = "application/json"
-
-
-class IngestSettings(LiveloopSettings):
-    """Settings of the HTTP ingest API. Env prefix ``LIVELOOP_INGEST_``."""
-
-    model_config = SettingsConfigDict(env_prefix="LIVELOOP_INGEST_")
-
-    host: str = Field(default="127.0.0.1", min_length=1, description="Address to listen on; loopback only by default.")
-    port: Port = Field(default=8081, description="TCP port to listen on.")
-    bootstrap: str = Field(
-        default="127.0.0.1:9092", pattern=r"^[^\s,]+:\d+(,[^\s,]+:\d+)*$", description="Kafka bootstrap, host:port,..."
-    )
-    events_topic: str = Field(
-        default_factory=lambda: TopicsSettings().events.name, pattern=_TOPIC, description="Where accepted events go."
-    )
-    dlq_topic: str = Field(
-        default_factory=lambda: TopicsSettings().events_dlq.name, pattern=_TOPIC, description="Where rejections go."
-    )
-    credentials_path: Path = Field(
-        default=Path(".liveloop/credentials.json"), description="Credential file (mode 0600) with the tenants' keys."
-    )
-    max_request_bytes: int = Field(
-        default=8 << 20, ge=1 << 10, le=1 << 30, description="Largest request body; larger ones get 413 unread."
-    )
-    max_batch_items: int = Field(default=1000, ge=1, le=100_000, description="Most events in one batch (else 413).")
-    max_message_bytes: int = Field(
-        default=1 << 20,
-        ge=64 << 10,
-        le=MAX_EVENT_BYTES + (1 << 20),
-        description="Largest Kafka record batch; must not exceed the topics' max.message.bytes (1 MiB by default). "
-        "A larger event is rejected as too large.",
-    )
-    produce_timeout_s: float = Field(
-        default=10.0, gt=0, le=300, description="How long to wait for Kafka's acknowledgement before answering 503."
-    )
-    retry_after_s: int = Field(default=5, ge=1, le=3600, description="Retry-After of a 503 answer, in seconds.")
-    linger_ms: int = Field(default=5, ge=0, le=1000, description="How long a Kafka batch waits to fill.")
-    compression: Literal["gzip", "none"] = Field(default="gzip", description="Kafka batch compression.")
-    client_id: str = Field(default="liveloop-ingest-api", min_length=1, description="Kafka client id.")
-    cpu_workers: int = Field(
-        default=0,
-        ge=0,
-        le=64,
-        description="Processes that validate and redact large bodies beside the event loop; 0 does it inline. "
-        "One per core left over by Kafka and the rest of the host.",
-    )
-    enable_discard_endpoint: bool = Field(
-        default=False,
-        description="Serve POST /bench/discard (authenticates, reads and drops the body): the benchmark's baseline.",
-    )
 
 
 def create_app(settings: IngestSettings | None = None) -> FastAPI:

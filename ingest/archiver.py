@@ -32,18 +32,16 @@ from kafka.structs import OffsetAndMetadata
 from prometheus_client import CollectorRegistry, Counter, start_http_server
 from psycopg import sql
 from psycopg.types.json import Jsonb
-from pydantic import Field, SecretStr, ValidationError
-from pydantic_settings import SettingsConfigDict
+from pydantic import ValidationError
 
-from infra.settings import LiveloopSettings, TopicsSettings
 from ingest.dead_letters import DeadLetter, says_private
 from ingest.decoding import shorten
 from ingest.errors import IngestError, InvalidEvent
 from ingest.events import Event, parse_event
+from ingest.settings import ArchiverSettings
 
 log = logging.getLogger(__name__)
 
-_TOPIC = r"^[A-Za-z0-9._-]+$"
 _INT32_MAX = 2**31 - 1
 
 # A registry of this module's own: importing the module twice (tests, ``python -m``) makes a second
@@ -73,33 +71,6 @@ LetterRow = tuple[datetime, str, str, str | None, str | None, bytes, int | None,
 
 class ArchiverError(IngestError):
     """The audit store refused a batch for a reason a retry cannot fix (e.g. not migrated): crash and fix it."""
-
-
-class ArchiverSettings(LiveloopSettings):
-    """The archiver's settings. Env prefix ``LIVELOOP_ARCHIVER_``."""
-
-    model_config = SettingsConfigDict(env_prefix="LIVELOOP_ARCHIVER_")
-
-    bootstrap: str = Field(
-        default="127.0.0.1:9092", min_length=1, description="Kafka bootstrap servers, comma-separated."
-    )
-    dsn: SecretStr = Field(min_length=1, description="PostgreSQL DSN of the (migrated) audit store.")
-    events_topic: str = Field(
-        default_factory=lambda: TopicsSettings().events.name, pattern=_TOPIC, description="Topic of raw events."
-    )
-    dlq_topic: str = Field(
-        default_factory=lambda: TopicsSettings().events_dlq.name, pattern=_TOPIC, description="Dead-letter topic."
-    )
-    group_id: str = Field(default="liveloop-archiver", min_length=1, max_length=255, description="Consumer group.")
-    batch_max_records: int = Field(default=2000, ge=1, le=100_000, description="Most records in one transaction.")
-    batch_max_wait_s: float = Field(default=0.5, gt=0, le=60, description="Longest a batch waits to fill, seconds.")
-    session_timeout_s: float = Field(
-        default=10.0, ge=6, le=1800, description="How long a crashed archiver holds its partitions before takeover."
-    )
-    metrics_port: int | None = Field(default=None, ge=1, le=65535, description="Prometheus port; unset: not served.")
-    metrics_host: str = Field(
-        default="127.0.0.1", min_length=1, description="Address of the Prometheus endpoint; loopback by default."
-    )
 
 
 def _unstorable(policy_version: int | None) -> str | None:

@@ -23,38 +23,17 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from pydantic import Field
-from pydantic_settings import SettingsConfigDict
-
-from infra.settings import LiveloopSettings
 from ingest.dead_letters import says_private, withheld_reason
 from ingest.decoding import JSON_NUL_BYTES, reject_nul
 from ingest.errors import BrokerUnavailable, InvalidEvent
 from ingest.events import Event, event_to_json, parse_event
 from ingest.journal import Journal, Position
 from ingest.redaction import redact_event
+from ingest.settings import SdkSettings
 
 log = logging.getLogger(__name__)
-
-
-class SdkSettings(LiveloopSettings):
-    """The embedded SDK's settings. Env prefix ``LIVELOOP_SDK_``."""
-
-    model_config = SettingsConfigDict(env_prefix="LIVELOOP_SDK_")
-
-    bootstrap: str = Field(default="127.0.0.1:9092", description="Kafka bootstrap servers, comma-separated.")
-    topic: str = Field(default="liveloop.events", min_length=1)
-    journal_dir: Path = Field(default=Path(".liveloop/sdk-journal"), description="One folder per client.")
-    journal_max_bytes: int = Field(default=1 << 30, ge=1 << 20, description="Past this, emit raises BackPressure.")
-    journal_segment_bytes: int = Field(default=64 << 20, ge=1 << 16)
-    fsync_interval_s: float = Field(default=1.0, gt=0, description="How often the journal is fsync'ed.")
-    compression: str | None = Field(default="gzip", description="Batch compression; gzip needs no extra package.")
-    linger_ms: int = Field(default=5, ge=0, le=1000, description="How long a batch waits to fill.")
-    max_in_flight: int = Field(default=20_000, ge=1, description="Events sent but not yet acknowledged, at most.")
-    client_id: str = "liveloop-sdk"
 
 
 @dataclass

@@ -10,10 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from infra.settings import LiveloopSettings
+from infra.settings import KAFKA_BOOTSTRAP_DEFAULT, KafkaBootstrap, LiveloopSettings, MlflowUrl, PostgresDsn, TopicName
 
 PausePoint = Literal["none", "mid_round", "mid_checkpoint"]
 """Where a test can freeze the learner to SIGKILL it (see :attr:`LearnerSettings.pause_at`)."""
@@ -25,10 +25,10 @@ class LearnerSettings(LiveloopSettings):
     model_config = SettingsConfigDict(env_prefix="LIVELOOP_LEARNER_")
 
     # -- where data comes from and goes to ------------------------------------------------------
-    bootstrap: str = Field(default="127.0.0.1:9092", min_length=1, description="Kafka bootstrap servers.")
-    samples_topic: str = Field(default="liveloop.samples", min_length=1, description="Reward samples to train on.")
-    checkpoints_topic: str = Field(
-        default="liveloop.checkpoints", min_length=1, description="Where checkpoint announcements go."
+    bootstrap: KafkaBootstrap = KAFKA_BOOTSTRAP_DEFAULT
+    samples_topic: TopicName = Field(default="liveloop.samples", description="Reward samples to train on.")
+    checkpoints_topic: TopicName = Field(
+        default="liveloop.checkpoints", description="Where checkpoint announcements go."
     )
     consumer_group: str = Field(
         default="liveloop-learner",
@@ -36,10 +36,10 @@ class LearnerSettings(LiveloopSettings):
         description="Group the learner commits its positions under after each round, for lag reporting only; "
         "positions always come from the last checkpoint manifest and the journal.",
     )
-    dsn: SecretStr | None = Field(
+    dsn: PostgresDsn | None = Field(
         default=None, description="PostgreSQL DSN of the audit store; unset = checkpoints are written, not published."
     )
-    mlflow_uri: str | None = Field(
+    mlflow_uri: MlflowUrl | None = Field(
         default=None, description="MLflow tracking URI; unset = checkpoints are written, not published."
     )
 

@@ -21,7 +21,7 @@ def loop_components(stack: Stack) -> list[ComponentSpec]:
     below take precedence.
     """
     from distill.settings import DistillSettings
-    from ingest.api import IngestSettings
+    from ingest.settings import IngestSettings
     from learner.settings import LearnerSettings
     from serving.settings import ServingSettings
 

@@ -14,40 +14,19 @@ from __future__ import annotations
 import getpass
 import secrets
 from collections.abc import Callable
-from pathlib import Path
 from typing import Annotated
 
 import typer
-from pydantic import Field, SecretStr
-from pydantic_settings import SettingsConfigDict
 from rich.console import Console
 
 from infra.credentials import load_credentials
 from infra.errors import InfraError
 from infra.registry import Registry
-from infra.settings import LiveloopSettings, StackSettings, TopicsSettings
+from infra.settings import StackSettings
+from liveloop.settings import OperatorSettings
 from serving.errors import ServingError
 from serving.promotion import Promoter
 from serving.promotions_contract import PromotionEvent
-
-
-class OperatorSettings(LiveloopSettings):
-    """Where the operator commands act. Env prefix ``LIVELOOP_OPERATOR_``; unset addresses are the local stack's."""
-
-    model_config = SettingsConfigDict(env_prefix="LIVELOOP_OPERATOR_")
-
-    key: SecretStr | None = Field(default=None, description="The operator key (or pass --key).")
-    model_name: str = Field(default="liveloop-policy", min_length=1, description="The MLflow registered model.")
-    credentials_path: Path | None = Field(default=None, description="Credential file; default: the local stack's.")
-    dsn: SecretStr | None = Field(default=None, description="PostgreSQL audit store; default: the local stack's.")
-    mlflow_url: str | None = Field(default=None, description="MLflow tracking URI; default: the local stack's.")
-    bootstrap: str | None = Field(default=None, description="Kafka bootstrap; default: the local stack's.")
-    promotions_topic: str = Field(
-        default_factory=lambda: TopicsSettings().promotions.name,
-        pattern=r"^[A-Za-z0-9._-]{1,249}$",
-        description="Where decisions are announced.",
-    )
-
 
 app = typer.Typer(help="Operate the champion: promote, roll back, reject.", no_args_is_help=True, add_completion=False)
 console = Console()

@@ -12,50 +12,21 @@ from __future__ import annotations
 import logging
 import signal
 import threading
-from pathlib import Path
 from typing import Any
 
 from kafka import KafkaConsumer, OffsetAndMetadata
-from pydantic import Field, SecretStr, ValidationError
-from pydantic_settings import SettingsConfigDict
+from pydantic import ValidationError
 
 from infra.registry import Registry
-from infra.settings import LiveloopSettings, TopicsSettings
 from learner.manifest import CheckpointAnnouncement
 from serving.errors import ServingError
 from serving.gate import Gate, GateError, GateResult
 from serving.gate_policy import GatePolicy, load_policy
 from serving.promotion import Promoter, PromotionError
-from serving.regression import DEFAULT_SUITE, load_suite
+from serving.regression import load_suite
+from serving.settings import GateSettings
 
 log = logging.getLogger(__name__)
-_TOPIC = r"^[A-Za-z0-9._-]{1,249}$"
-
-
-class GateSettings(LiveloopSettings):
-    """Settings of the evaluation gate service. Env prefix ``LIVELOOP_GATE_``."""
-
-    model_config = SettingsConfigDict(env_prefix="LIVELOOP_GATE_")
-
-    bootstrap: str = Field(default="127.0.0.1:9092", min_length=1, description="Kafka bootstrap servers.")
-    checkpoints_topic: str = Field(
-        default_factory=lambda: TopicsSettings().checkpoints.name, pattern=_TOPIC, description="Announcements in."
-    )
-    promotions_topic: str = Field(
-        default_factory=lambda: TopicsSettings().promotions.name, pattern=_TOPIC, description="Decisions out."
-    )
-    group_id: str = Field(default="liveloop-gate", min_length=1, description="Consumer group of the gate.")
-    dsn: SecretStr = Field(description="PostgreSQL audit store (samples, evaluations, promotions).")
-    mlflow_url: str = Field(default="http://127.0.0.1:5000", min_length=1, description="MLflow tracking URI.")
-    policy_path: Path | None = Field(default=None, description="Gate policy YAML/JSON; unset: GatePolicy defaults.")
-    suite_path: Path = Field(default=DEFAULT_SUITE, description="The regression suite YAML/JSON.")
-    held_out_percent: int = Field(
-        default=10, ge=1, le=50, description="Samples with int(sample_id[:8], 16) % 100 below this are held out."
-    )
-    max_held_out: int = Field(default=2000, ge=10, le=1_000_000, description="Newest held-out samples scored.")
-    work_dir: Path | None = Field(default=None, description="Scratch space for downloads; unset: the system's temp.")
-    poll_timeout_ms: int = Field(default=1000, ge=10, le=60_000)
-    retry_s: float = Field(default=10.0, gt=0, le=3600, description="Wait before retrying after a transient error.")
 
 
 class GateService:

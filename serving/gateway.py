@@ -314,7 +314,8 @@ def build_engine(settings: ServingSettings, on_exit: Callable[[], None] | None =
 
 def main() -> None:
     """Run the gateway with uvicorn: one worker (the engine holds the model), warnings only, no access log."""
-    from ingest.client import Client, SdkSettings
+    from ingest.client import Client
+    from ingest.settings import SdkSettings
     from serving.swap import controller_from_settings
 
     settings = ServingSettings()

@@ -1,8 +1,9 @@
-"""The serving settings: one class, ``ServingSettings``, env prefix ``LIVELOOP_SERVING_``.
+"""The serving stage's settings: ``ServingSettings`` (env prefix ``LIVELOOP_SERVING_``) and ``GateSettings``.
 
-It covers the gateway (address, key, limits), the engine (torch or vLLM, device, batching) and the
-emission of generation events (Kafka, the SDK's journal). The hot-swap controller and the canary add
-their own fields at the end of the class.
+``ServingSettings`` covers the gateway (address, key, limits), the engine (torch or vLLM, device,
+batching) and the emission of generation events (Kafka, the SDK's journal). The hot-swap controller and
+the canary add their own fields at the end of the class. ``GateSettings`` (env prefix ``LIVELOOP_GATE_``)
+configures the evaluation gate service (:mod:`serving.gate_service`).
 """
 
 from __future__ import annotations
@@ -13,9 +14,19 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from infra.settings import LiveloopSettings, Port, TopicsSettings
+from infra.settings import (
+    KAFKA_BOOTSTRAP_DEFAULT,
+    MLFLOW_URL_DEFAULT,
+    KafkaBootstrap,
+    LiveloopSettings,
+    MlflowUrl,
+    Port,
+    PostgresDsn,
+    TopicName,
+    TopicsSettings,
+)
+from serving.regression import DEFAULT_SUITE
 
-_TOPIC = r"^[A-Za-z0-9._-]{1,249}$"
 _IDENTIFIER = r"^[a-z][a-z0-9_.-]{0,63}$"
 
 
@@ -128,14 +139,12 @@ class ServingSettings(LiveloopSettings):
     )
 
     # -- generation events ------------------------------------------------------------------------
-    bootstrap: str = Field(
-        default="127.0.0.1:9092",
-        pattern=r"^[^\s,]+:\d+(,[^\s,]+:\d+)*$",
+    bootstrap: KafkaBootstrap = Field(
+        default=KAFKA_BOOTSTRAP_DEFAULT,
         description="Kafka bootstrap (host:port,...) the generation events are sent to.",
     )
-    events_topic: str = Field(
+    events_topic: TopicName = Field(
         default_factory=lambda: TopicsSettings().events.name,
-        pattern=_TOPIC,
         description="The events topic every generation event goes to.",
     )
     sdk_journal_dir: Path = Field(
@@ -144,19 +153,16 @@ class ServingSettings(LiveloopSettings):
     )
 
     # -- hot-swap and canary (serving/swap.py, serving/canary.py) ---------------------------------
-    mlflow_url: str = Field(
-        default="http://127.0.0.1:5000",
-        min_length=1,
+    mlflow_url: MlflowUrl = Field(
+        default=MLFLOW_URL_DEFAULT,
         description="MLflow tracking/registry URI: the champion and candidate aliases of model_name live there.",
     )
-    promotions_topic: str = Field(
+    promotions_topic: TopicName = Field(
         default_factory=lambda: TopicsSettings().promotions.name,
-        pattern=_TOPIC,
         description="Decisions the swap controller follows (and where it reports swap-failed).",
     )
-    checkpoints_topic: str = Field(
+    checkpoints_topic: TopicName = Field(
         default_factory=lambda: TopicsSettings().checkpoints.name,
-        pattern=_TOPIC,
         description="New candidates announced by the learner; the swap controller stages each (swap_stage_candidate).",
     )
     swap_reconcile_interval_s: float = Field(
@@ -190,3 +196,29 @@ class ServingSettings(LiveloopSettings):
         le=1.0,
         description="Share of sessions (sticky by session id) served by the candidate alias; 0 turns canaries off.",
     )
+
+
+class GateSettings(LiveloopSettings):
+    """Settings of the evaluation gate service. Env prefix ``LIVELOOP_GATE_``."""
+
+    model_config = SettingsConfigDict(env_prefix="LIVELOOP_GATE_")
+
+    bootstrap: KafkaBootstrap = KAFKA_BOOTSTRAP_DEFAULT
+    checkpoints_topic: TopicName = Field(
+        default_factory=lambda: TopicsSettings().checkpoints.name, description="Announcements in."
+    )
+    promotions_topic: TopicName = Field(
+        default_factory=lambda: TopicsSettings().promotions.name, description="Decisions out."
+    )
+    group_id: str = Field(default="liveloop-gate", min_length=1, description="Consumer group of the gate.")
+    dsn: PostgresDsn = Field(description="PostgreSQL audit store (samples, evaluations, promotions).")
+    mlflow_url: MlflowUrl = MLFLOW_URL_DEFAULT
+    policy_path: Path | None = Field(default=None, description="Gate policy YAML/JSON; unset: GatePolicy defaults.")
+    suite_path: Path = Field(default=DEFAULT_SUITE, description="The regression suite YAML/JSON.")
+    held_out_percent: int = Field(
+        default=10, ge=1, le=50, description="Samples with int(sample_id[:8], 16) % 100 below this are held out."
+    )
+    max_held_out: int = Field(default=2000, ge=10, le=1_000_000, description="Newest held-out samples scored.")
+    work_dir: Path | None = Field(default=None, description="Scratch space for downloads; unset: the system's temp.")
+    poll_timeout_ms: int = Field(default=1000, ge=10, le=60_000)
+    retry_s: float = Field(default=10.0, gt=0, le=3600, description="Wait before retrying after a transient error.")

@@ -96,34 +96,26 @@ class SwapController:
     def __init__(
         self,
         engine: Engine,
+        settings: ServingSettings,
         *,
         registry: VersionSource,
-        model_name: str,
-        bootstrap: str,
-        promotions_topic: str,
-        work_dir: Path,
-        checkpoints_topic: str | None = None,
-        reconcile_interval_s: float = 30.0,
-        canary_fraction: float = 0.0,
-        keep_previous: bool = True,
-        unload_grace_s: float = 5.0,
-        stage_candidate: bool = True,
         metrics: CollectorRegistry | None = None,
     ) -> None:
+        """Configured by the gateway's settings (model, Kafka, topics and the ``swap_*``/``canary_*`` fields)."""
         self.engine = engine
         self.registry = registry
-        self.model_name = model_name
-        self.bootstrap = bootstrap
-        self.topic = promotions_topic
-        self.checkpoints_topic = checkpoints_topic
-        self.work_dir = work_dir
-        self.reconcile_interval_s = reconcile_interval_s
-        self.keep_previous = keep_previous
-        self.unload_grace_s = unload_grace_s
-        self.stage_candidate = stage_candidate
+        self.model_name = settings.model_name
+        self.bootstrap = settings.bootstrap
+        self.topic = settings.promotions_topic
+        self.checkpoints_topic = settings.checkpoints_topic
+        self.work_dir = settings.swap_work_dir
+        self.reconcile_interval_s = settings.swap_reconcile_interval_s
+        self.keep_previous = settings.swap_keep_previous
+        self.unload_grace_s = settings.swap_unload_grace_s
+        self.stage_candidate = settings.swap_stage_candidate
         self.instance = f"{socket.gethostname()}:{os.getpid()}"
         metrics = metrics if metrics is not None else CollectorRegistry()
-        self.router = CanaryRouter(canary_fraction, metrics)
+        self.router = CanaryRouter(settings.canary_fraction, metrics)
         self.champion: Loaded | None = None
         self.previous: Loaded | None = None
         self.canary: Loaded | None = None
@@ -443,18 +435,4 @@ def controller_from_settings(
     engine: Engine, settings: ServingSettings, metrics: CollectorRegistry | None = None
 ) -> SwapController:
     """The swap controller of a gateway, configured by its :class:`ServingSettings` (call ``start()`` on it)."""
-    return SwapController(
-        engine,
-        registry=RegistryWorker(settings.mlflow_url),
-        model_name=settings.model_name,
-        bootstrap=settings.bootstrap,
-        promotions_topic=settings.promotions_topic,
-        checkpoints_topic=settings.checkpoints_topic,
-        work_dir=settings.swap_work_dir,
-        reconcile_interval_s=settings.swap_reconcile_interval_s,
-        canary_fraction=settings.canary_fraction,
-        keep_previous=settings.swap_keep_previous,
-        unload_grace_s=settings.swap_unload_grace_s,
-        stage_candidate=settings.swap_stage_candidate,
-        metrics=metrics,
-    )
+    return SwapController(engine, settings, registry=RegistryWorker(settings.mlflow_url), metrics=metrics)

@@ -174,7 +174,7 @@ def _run(stack: Stack, options: DemoOptions, console: Console) -> DemoReport:
 
 
 def _ingest_url() -> str:
-    from ingest.api import IngestSettings
+    from ingest.settings import IngestSettings
 
     api = IngestSettings()
     return f"http://{api.host}:{api.port}"

@@ -107,15 +107,14 @@ def test_swap_bench(endpoints: Endpoints, fresh_database: str, make_topic: Calla
     promoter.stdin.flush()
     assert promoter.stdout.readline().startswith("promoted")
     engine = EngineProcess(device="cpu", max_batch=8, batch_wait_ms=1.0, torch_threads=ServingSettings().torch_threads)
-    controller = SwapController(
-        engine,
-        registry=RegistryWorker(endpoints.mlflow_url),
+    settings = ServingSettings(
         model_name=name,
         bootstrap=endpoints.kafka_bootstrap,
         promotions_topic=topic,
         checkpoints_topic=checkpoints,
-        work_dir=tmp_path / "swap",
+        swap_work_dir=tmp_path / "swap",
     )
+    controller = SwapController(engine, settings, registry=RegistryWorker(endpoints.mlflow_url))
     controller.start()
     gc.freeze()  # as the gateway freezes what its start-up made (serving.gateway.main)
     done: list[tuple[float, float, int]] = []  # (start, end, policy version)

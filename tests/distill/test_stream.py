@@ -30,8 +30,9 @@ from distill.replay import replay_from_database
 from distill.samples import Sample, parse_sample, sample_id_for, sample_to_json
 from infra.lag import consumer_lag
 from infra.stack import Endpoints
-from ingest.archiver import Archiver, ArchiverSettings
+from ingest.archiver import Archiver
 from ingest.events import parse_event
+from ingest.settings import ArchiverSettings
 from tests.distill.golden_sessions import GENERATED_AT, GENERATION_ID, GOLDEN, SESSION_ID, Golden
 from tests.distill.stream_harness import (
     Json,

@@ -10,8 +10,8 @@ from typing import Any
 from fastapi.testclient import TestClient
 from kafka.consumer.fetcher import ConsumerRecord
 
-from ingest.api import IngestSettings
 from ingest.dead_letters import DeadLetter
+from ingest.settings import IngestSettings
 from tests.topic_reader import read_topic
 
 GITHUB_TOKEN = "ghp_" + "a1B2c3D4e5" * 3 + "f6G7h8"  # built by concatenation: no scanner sees a real token

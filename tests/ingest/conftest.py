@@ -14,7 +14,8 @@ from pydantic import SecretStr
 
 from infra.credentials import ensure_credentials
 from infra.stack import Endpoints
-from ingest.api import IngestSettings, create_app
+from ingest.api import create_app
+from ingest.settings import IngestSettings
 from tests.ingest.api_harness import OTHER_TENANT, Api
 
 

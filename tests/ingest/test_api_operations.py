@@ -20,7 +20,8 @@ from pydantic import ValidationError
 
 from infra.processes import wait_until
 from infra.stack import Stack
-from ingest.api import IngestSettings, create_app
+from ingest.api import create_app
+from ingest.settings import IngestSettings
 from tests.ingest.api_harness import GITHUB_TOKEN, Api, event
 
 # ----------------------------------------------------------------------------------- property-based

@@ -36,10 +36,11 @@ from kafka.errors import KafkaError
 
 from infra.migrations import migrate
 from infra.stack import Endpoints
-from ingest.archiver import REGISTRY, Archiver, ArchiverError, ArchiverSettings
+from ingest.archiver import REGISTRY, Archiver, ArchiverError
 from ingest.client import Client
 from ingest.dead_letters import WITHHELD, DeadLetter
 from ingest.events import Event, event_to_json, parse_event
+from ingest.settings import ArchiverSettings
 
 REPO = Path(__file__).resolve().parents[2]
 

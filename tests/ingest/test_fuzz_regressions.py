@@ -15,8 +15,9 @@ from hypothesis import HealthCheck, Phase, given, settings
 from schemathesis import Case, GenerationMode
 
 from infra.credentials import ensure_credentials
-from ingest.api import IngestSettings, create_app
+from ingest.api import create_app
 from ingest.events import EVENT_CLASSES
+from ingest.settings import IngestSettings
 
 
 def _document(tmp_path: Path, max_batch_items: int = 7) -> dict[str, Any]:

@@ -13,7 +13,7 @@ def test_importing_the_sdk_imports_nothing_heavy() -> None:
     code = (
         "import json, sys\n"
         "from ingest import Client, parse_event\n"
-        "from ingest.client import SdkSettings\n"
+        "from ingest.settings import SdkSettings, IngestSettings, ArchiverSettings\n"
         f"print(json.dumps(sorted(m for m in {HEAVY!r} if m in sys.modules)))\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)

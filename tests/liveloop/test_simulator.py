@@ -15,9 +15,10 @@ import torch
 
 from infra.credentials import ensure_credentials
 from infra.stack import Endpoints
-from ingest.client import Client, SdkSettings
+from ingest.client import Client
 from ingest.events import GenerationEvent, parse_event
 from ingest.redaction import redact_event
+from ingest.settings import SdkSettings
 from learner.pretrain import pretrain
 from learner.tiny_model import TinyModelSpec, build_tiny_model, byte_tokenizer
 from liveloop.demo.simulator.feedback import Envelope, immediate_events, later_events
@@ -254,8 +255,8 @@ def loop(
     base_folder: Path, endpoints: Endpoints, make_topic: Callable[..., str], tmp_path: Path
 ) -> Iterator[dict[str, object]]:
     """The gateway (torch engine on the base, version 1) and the ingest API, on fresh events and DLQ topics."""
-    from ingest.api import IngestSettings
     from ingest.api import create_app as ingest_app
+    from ingest.settings import IngestSettings
     from serving.gateway import create_app as gateway_app
     from serving.settings import ServingSettings
     from serving.torch_engine import TorchEngine

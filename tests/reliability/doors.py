@@ -29,8 +29,9 @@ from infra.registry import CANDIDATE, CHAMPION, AliasNotSet, Registry
 from infra.settings import TopicSpec
 from infra.stack import Endpoints
 from infra.topics import ensure_topics
-from ingest.api import IngestSettings, create_app
-from ingest.client import Client, SdkSettings
+from ingest.api import create_app
+from ingest.client import Client
+from ingest.settings import IngestSettings, SdkSettings
 from learner.tiny_model import TinyModelSpec, save_tiny_model
 from liveloop.cli import app as liveloop_cli
 from serving.gateway import create_app as create_gateway

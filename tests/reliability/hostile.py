@@ -23,8 +23,8 @@ from infra.errors import ServiceUnavailable
 from infra.lag import consumer_lag
 from infra.migrations import migrate
 from infra.stack import Endpoints
-from ingest.api import IngestSettings
-from ingest.archiver import Archiver, ArchiverSettings
+from ingest.archiver import Archiver
+from ingest.settings import ArchiverSettings, IngestSettings
 
 INJECTIONS: dict[str, str] = {
     "drop table": "'; DROP TABLE events; --",

@@ -23,7 +23,8 @@ import pytest
 
 from infra.lag import consumer_lag
 from infra.processes import wait_until
-from ingest.client import Client, SdkSettings
+from ingest.client import Client
+from ingest.settings import SdkSettings
 from learner.settings import LearnerSettings
 from liveloop.demo.leak_scan import scan_for_leaks
 from liveloop.demo.simulator.runner import Simulation

@@ -26,7 +26,8 @@ from schemathesis import GenerationMode
 
 from infra.credentials import ensure_credentials
 from infra.stack import Endpoints
-from ingest.client import Client, SdkSettings
+from ingest.client import Client
+from ingest.settings import SdkSettings
 from learner.tiny_model import TinyModelSpec, save_tiny_model
 from serving.gateway import create_app
 from serving.settings import ServingSettings

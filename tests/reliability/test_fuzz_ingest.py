@@ -27,8 +27,9 @@ from schemathesis import GenerationMode
 
 from infra.credentials import ensure_credentials
 from infra.stack import Endpoints
-from ingest.api import IngestSettings, create_app
+from ingest.api import create_app
 from ingest.dead_letters import DeadLetter
+from ingest.settings import IngestSettings
 from tests.conftest import free_port
 from tests.ingest.api_harness import event
 from tests.reliability.fuzzing import (

@@ -32,8 +32,9 @@ from learner.logprobs import completion_logprobs
 from learner.publish import publish_checkpoint, register_base
 from learner.tiny_model import TinyModelSpec, build_tiny_model, byte_tokenizer
 from serving.gate_policy import GateMetrics, GatePolicy, decide
-from serving.gate_service import GateService, GateSettings
+from serving.gate_service import GateService
 from serving.regression import InvalidSuite, load_suite
+from serving.settings import GateSettings
 from tests.serving.checkpoints import nan_model, write_checkpoint
 
 SPEC_HASH = "ab" * 32

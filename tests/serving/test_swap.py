@@ -30,6 +30,7 @@ from serving.engine import SamplingParams
 from serving.promotion import Promoter
 from serving.promotions_contract import PromotionEvent, SwapFailedEvent, parse_message
 from serving.registry_worker import RegistryWorker
+from serving.settings import ServingSettings
 from serving.swap import SwapController, VersionSource
 from serving.torch_engine import TorchEngine
 from tests.serving.checkpoints import (
@@ -81,18 +82,18 @@ def _controller(
     checkpoints_topic: str | None = None,
     **options: float,
 ) -> SwapController:
-    return SwapController(
-        s.engine,
-        registry=registry or s.registry,
+    settings = ServingSettings(
         model_name=s.name,
         bootstrap=endpoints.kafka_bootstrap,
         promotions_topic=s.topic,
-        checkpoints_topic=checkpoints_topic,
-        work_dir=tmp / "swap",
-        reconcile_interval_s=options.get("reconcile_interval_s", 30.0),
+        # Without one, a topic nobody announces on: candidates are staged by the periodic pass only.
+        checkpoints_topic=checkpoints_topic or f"unannounced-{uuid.uuid4().hex[:8]}",
+        swap_work_dir=tmp / "swap",
+        swap_reconcile_interval_s=options.get("reconcile_interval_s", 30.0),
         canary_fraction=options.get("canary_fraction", 0.0),
-        unload_grace_s=options.get("unload_grace_s", 0.5),
+        swap_unload_grace_s=options.get("unload_grace_s", 0.5),
     )
+    return SwapController(s.engine, settings, registry=registry or s.registry)
 
 
 def _wait(condition: Callable[[], bool], what: str, timeout: float = 90.0) -> None:

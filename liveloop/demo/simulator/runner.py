@@ -20,7 +20,8 @@ from datetime import UTC, datetime
 
 from infra.credentials import load_credentials
 from infra.errors import CredentialsError
-from ingest.client import Client, SdkSettings
+from ingest.client import Client
+from ingest.settings import SdkSettings
 from liveloop.demo.simulator.session import EventSink, Wiring, run_session
 from liveloop.demo.simulator.settings import SimulatorSettings
 from liveloop.demo.simulator.summary import Recorder, SimulationSummary

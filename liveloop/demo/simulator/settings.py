@@ -10,7 +10,7 @@ from pathlib import Path
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from infra.settings import LiveloopSettings, TopicsSettings
+from infra.settings import KAFKA_BOOTSTRAP_DEFAULT, KafkaBootstrap, LiveloopSettings, TopicName, TopicsSettings
 from liveloop.demo.simulator.profiles import PROFILES
 
 _IDENTIFIER = r"^[a-z][a-z0-9_.-]{0,63}$"
@@ -37,13 +37,12 @@ class SimulatorSettings(LiveloopSettings):
         pattern=r"^https?://",
         description="Ingest HTTP API that malformed events are sent to (expecting the DLQ); None skips them.",
     )
-    bootstrap: str = Field(
-        default="127.0.0.1:9092",
-        pattern=r"^[^\s,]+:\d+(,[^\s,]+:\d+)*$",
+    bootstrap: KafkaBootstrap = Field(
+        default=KAFKA_BOOTSTRAP_DEFAULT,
         description="Kafka bootstrap of the ingest SDK that sends the feedback events.",
     )
-    events_topic: str = Field(
-        default_factory=lambda: TopicsSettings().events.name, min_length=1, description="The events topic."
+    events_topic: TopicName = Field(
+        default_factory=lambda: TopicsSettings().events.name, description="The events topic."
     )
     sdk_journal_dir: Path = Field(
         default=Path(".liveloop/simulator-journal"), description="The ingest SDK's on-disk journal of the simulator."
