@@ -19,8 +19,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from infra.errors import LiveloopError
 
-class DistillError(Exception):
+
+class DistillError(LiveloopError):
     """Root of every error raised by ``distill``."""
 
 

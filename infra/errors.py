@@ -1,4 +1,9 @@
-"""The infra package's exceptions: one root, with subclasses that tell the caller what to do.
+"""The project's error root, :class:`LiveloopError`, and the infra package's exceptions under it.
+
+Every package root (``InfraError``, ``IngestError``, ``DistillError``, ``LearnerError``,
+``ServingError``, the simulator's ``SimulatorError``) derives from :class:`LiveloopError`, so a caller
+(the command line's single error boundary, :mod:`liveloop.exit_codes`) can tell liveloop's own,
+explained failures from a library's bug with one ``except``. ``tests/test_errors.py`` keeps it so.
 
 Errors raised by kafka-python, psycopg or MLflow are converted at the adapter that called them
 (``raise ... from exc``), so callers above this floor never need to know those libraries' types.
@@ -7,7 +12,15 @@ Errors raised by kafka-python, psycopg or MLflow are converted at the adapter th
 from __future__ import annotations
 
 
-class InfraError(Exception):
+class LiveloopError(Exception):
+    """Root of every error liveloop raises on purpose; its message tells the reader what to do.
+
+    It lives on the lowest floor so that every package can derive from it. Catch a package's root
+    (or a narrower class) in code; catch this only at a process boundary such as the command line.
+    """
+
+
+class InfraError(LiveloopError):
     """Root of every error raised by ``infra``."""
 
 
@@ -33,3 +46,10 @@ class ProvisioningError(InfraError):
 
 class CredentialsError(InfraError):
     """The credentials file is missing, unreadable or too permissive; the message says how to fix it."""
+
+
+class AccessRefused(InfraError):
+    """A key was given but it is not the one the credential file holds for this door.
+
+    Do not retry with the same key: use the key the message names (from the credential file).
+    """

@@ -229,7 +229,9 @@ class Stack:
                 entry["restarts"] = keeper.restarts
             if spec.status_url is not None and pid is not None:
                 entry["details"] = http_json(spec.status_url)
-            if spec.lag_group is not None:
+            if spec.lag_group is not None and not services["kafka"]["healthy"]:
+                entry["lag"] = None  # asking a broker that is down would block for minutes in kafka-python's bootstrap
+            elif spec.lag_group is not None:
                 try:
                     entry["lag"] = consumer_lag(e.kafka_bootstrap, spec.lag_group, spec.lag_topics)
                 except ServiceUnavailable:

@@ -8,8 +8,10 @@
 
 from __future__ import annotations
 
+from infra.errors import LiveloopError
 
-class IngestError(Exception):
+
+class IngestError(LiveloopError):
     """Root of every error raised by ``ingest``."""
 
 

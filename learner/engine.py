@@ -42,7 +42,7 @@ DS_TAG = "ds"
 """The DeepSpeed checkpoint tag inside a state folder."""
 
 
-class EngineError(LearnerError):
+class TrainingEngineError(LearnerError):
     """The engine could not be built or its state loaded; the message names the setting or folder to fix."""
 
 
@@ -121,7 +121,7 @@ def init_distributed(world_size: int) -> tuple[int, int]:
         os.environ.setdefault("MASTER_PORT", str(_free_port()))
     found = int(os.environ.get("WORLD_SIZE", "0"))
     if found != world_size:
-        raise EngineError(
+        raise TrainingEngineError(
             f"world_size is {world_size} but WORLD_SIZE in the environment is {found}; start one process per rank "
             "with MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE and LOCAL_RANK set"
         )
@@ -151,7 +151,7 @@ def load_base_model(base_model: str) -> Any:
         return build_tiny_model(TinyModelSpec())
     folder = Path(base_model)
     if not (folder / "config.json").is_file():
-        raise EngineError(
+        raise TrainingEngineError(
             f"base_model {base_model!r} is not a Hugging Face model folder (no config.json); "
             "give a local folder or 'tiny'"
         )
@@ -304,7 +304,7 @@ class LearnerEngine:
     def load_state(self, folder: Path) -> None:
         """Load what :meth:`save_state` wrote; every rank calls it."""
         if not (folder / DS_TAG).is_dir():
-            raise EngineError(f"{folder} holds no DeepSpeed state ({DS_TAG}/ is missing); delete the folder")
+            raise TrainingEngineError(f"{folder} holds no DeepSpeed state ({DS_TAG}/ is missing); delete the folder")
         path, _ = self.engine.load_checkpoint(
             str(folder),
             tag=DS_TAG,
@@ -313,7 +313,9 @@ class LearnerEngine:
             load_lr_scheduler_states=False,
         )
         if path is None:
-            raise EngineError(f"DeepSpeed could not load the state in {folder}; delete the folder to start over")
+            raise TrainingEngineError(
+                f"DeepSpeed could not load the state in {folder}; delete the folder to start over"
+            )
         self.refresh_reference()
 
     def save_pretrained(self, folder: Path, state_folder: Path | None = None) -> None:
@@ -325,7 +327,7 @@ class LearnerEngine:
         module = self.engine.module
         if self.engine.bfloat16_enabled():
             if state_folder is None:
-                raise EngineError("bf16 weights are consolidated from the saved state: pass state_folder")
+                raise TrainingEngineError("bf16 weights are consolidated from the saved state: pass state_folder")
             from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
             state = get_fp32_state_dict_from_zero_checkpoint(str(state_folder), tag=DS_TAG)

@@ -6,6 +6,8 @@ its own failures from a library's. Subclasses are added next to the code that ra
 
 from __future__ import annotations
 
+from infra.errors import LiveloopError
 
-class LearnerError(Exception):
+
+class LearnerError(LiveloopError):
     """Root of every error raised by ``learner``."""

@@ -29,6 +29,8 @@ from typing import Any, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
 
+from learner.errors import LearnerError
+
 MANIFEST_FILE = "liveloop-manifest.json"
 """The manifest's name inside a checkpoint folder."""
 
@@ -40,7 +42,7 @@ _CHECKPOINT_ID = r"^[a-z0-9][a-z0-9._-]{0,127}$"
 MODEL_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 
 
-class ManifestError(Exception):
+class ManifestError(LearnerError):
     """A checkpoint folder or announcement is not what its manifest says; do not load it."""
 
 

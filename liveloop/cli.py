@@ -1,4 +1,8 @@
-"""The ``liveloop`` command line: run the loop locally and operate it."""
+"""The ``liveloop`` command line: run the loop locally and operate it.
+
+Commands raise; :mod:`liveloop.exit_codes` (the ``cls`` of every app here) prints each failure as one
+``error:`` line and exits with its documented code (table there and in ``docs/cli.md``).
+"""
 
 from __future__ import annotations
 
@@ -11,53 +15,38 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from infra.errors import InfraError
 from infra.stack import Stack
 from liveloop import learner_cli, serving_cli, sim_cli
 from liveloop.components import loop_components
+from liveloop.exit_codes import LiveloopGroup
 
-app = typer.Typer(help="liveloop: online learning from production traffic.", no_args_is_help=True, add_completion=False)
-schema_app = typer.Typer(help="The event contract.", no_args_is_help=True)
+app = typer.Typer(
+    help="liveloop: online learning from production traffic.",
+    no_args_is_help=True,
+    add_completion=False,
+    cls=LiveloopGroup,
+)
+schema_app = typer.Typer(help="The event contract.", no_args_is_help=True, cls=LiveloopGroup)
 app.add_typer(schema_app, name="schema")
 console = Console()
-# Errors go to stderr as one unwrapped line, so that they can be read, grepped and copied whole.
-errors = Console(stderr=True, soft_wrap=True)
-
-
-def _fail(exc: Exception, code: int) -> typer.Exit:
-    errors.print(f"[red]error:[/red] {exc}", highlight=False)
-    return typer.Exit(code)
-
-
-def _stack() -> Stack:
-    try:
-        return Stack()
-    except InfraError as exc:
-        raise _fail(exc, 2) from exc
 
 
 @app.command()
 def setup() -> None:
     """Check prerequisites and fetch the Kafka broker from Maven Central into the cache (idempotent)."""
-    stack = _stack()
-    try:
-        with console.status("checking prerequisites, resolving Kafka jars ..."):
-            stack.setup()
-    except InfraError as exc:
-        raise _fail(exc, 1) from exc
+    stack = Stack()
+    with console.status("checking prerequisites, resolving Kafka jars ..."):
+        stack.setup()
     console.print(f"ready: Kafka {stack.settings.kafka_version} jars in {stack.kafka.jars_dir}")
 
 
 @app.command()
 def up() -> None:
     """Start the local stack (Kafka, PostgreSQL, MLflow and the loop's components) and wait until healthy."""
-    stack = _stack()
+    stack = Stack()
     started = time.monotonic()
-    try:
-        with console.status("starting Kafka, PostgreSQL, MLflow and the loop's components ..."):
-            timings = stack.up(loop_components(stack))
-    except InfraError as exc:
-        raise _fail(exc, 1) from exc
+    with console.status("starting Kafka, PostgreSQL, MLflow and the loop's components ..."):
+        timings = stack.up(loop_components(stack))
     parts = ", ".join(f"{name} {seconds:.1f}s" for name, seconds in timings.items())
     console.print(f"[green]up[/green] in {time.monotonic() - started:.1f}s ({parts})")
     _print_status(stack.status(loop_components(stack)))
@@ -68,7 +57,7 @@ def down(
     purge: Annotated[bool, typer.Option("--purge", help="Also delete all local state (data, logs, keys).")] = False,
 ) -> None:
     """Stop everything ``up`` started; leaves no process behind. Data is kept for the next ``up``."""
-    stack = _stack()
+    stack = Stack()
     names = [c.name for c in loop_components(stack)]
     stopped = stack.purge(names) if purge else stack.down(names)
     console.print("stopped: " + (", ".join(stopped) if stopped else "nothing was running"))
@@ -79,7 +68,7 @@ def down(
 @app.command()
 def status(as_json: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")] = False) -> None:
     """Each service and component with its address and health. Exits 1 if anything is unhealthy."""
-    stack = _stack()
+    stack = Stack()
     report = stack.status(loop_components(stack))
     if as_json:
         typer.echo(json.dumps(report, indent=2, sort_keys=True))
@@ -112,10 +101,7 @@ def demo(
     options = DemoOptions(
         minutes=minutes, seed=seed, profile=profile, report_dir=report, keep_running=keep_running, state_dir=state_dir
     )
-    try:
-        result = run_demo(options, console)
-    except InfraError as exc:
-        raise _fail(exc, 2) from exc
+    result = run_demo(options, console)
     verdict, judged = result.verdict, result.verdict.comparison
     console.print(f"report written to {report}/ (report.md, report.json, acceptance.png)")
     if judged is not None:

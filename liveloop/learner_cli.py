@@ -7,7 +7,9 @@ from typing import Annotated
 
 import typer
 
-app = typer.Typer(help="The continuous learner.", no_args_is_help=True, add_completion=False)
+from liveloop.exit_codes import LiveloopGroup
+
+app = typer.Typer(help="The continuous learner.", no_args_is_help=True, add_completion=False, cls=LiveloopGroup)
 
 
 @app.callback()

@@ -20,17 +20,22 @@ import typer
 from rich.console import Console
 
 from infra.credentials import load_credentials
-from infra.errors import InfraError
+from infra.errors import AccessRefused
 from infra.registry import Registry
 from infra.settings import StackSettings
+from liveloop.exit_codes import LiveloopGroup, Refused, UsageProblem
 from liveloop.settings import OperatorSettings
 from serving.errors import ServingError
 from serving.promotion import Promoter
 from serving.promotions_contract import PromotionEvent
 
-app = typer.Typer(help="Operate the champion: promote, roll back, reject.", no_args_is_help=True, add_completion=False)
+app = typer.Typer(
+    help="Operate the champion: promote, roll back, reject.",
+    no_args_is_help=True,
+    add_completion=False,
+    cls=LiveloopGroup,
+)
 console = Console()
-errors = Console(stderr=True, soft_wrap=True)
 
 KeyOption = Annotated[
     str | None, typer.Option("--key", help="Operator key (env LIVELOOP_OPERATOR_KEY).", show_default=False)
@@ -39,24 +44,16 @@ ReasonOption = Annotated[str, typer.Option("--reason", help="Why; recorded in th
 ActorOption = Annotated[str | None, typer.Option("--actor", help="Who decides; default: your login name.")]
 
 
-def _fail(message: str, code: int) -> typer.Exit:
-    errors.print(f"[red]error:[/red] {message}", highlight=False)
-    return typer.Exit(code)
-
-
 def _promoter(key: str | None) -> Promoter:
     """Check the operator key, then build a Promoter on the configured (or local) stack."""
-    try:
-        settings = OperatorSettings()
-        stack_settings = StackSettings()
-        credentials = load_credentials(settings.credentials_path or stack_settings.credentials_path)
-    except (InfraError, ValueError) as exc:
-        raise _fail(str(exc), 2) from exc
+    settings = OperatorSettings()
+    stack_settings = StackSettings()
+    credentials = load_credentials(settings.credentials_path or stack_settings.credentials_path)
     given = key if key is not None else (settings.key.get_secret_value() if settings.key else None)
     if not given:
-        raise _fail("an operator key is required: pass --key or set LIVELOOP_OPERATOR_KEY", 2)
+        raise UsageProblem("an operator key is required: pass --key or set LIVELOOP_OPERATOR_KEY")
     if not secrets.compare_digest(given.encode(), credentials.operator_key.get_secret_value().encode()):
-        raise _fail("the operator key is wrong; use operator_key from the credential file", 3)
+        raise AccessRefused("the operator key is wrong; use operator_key from the credential file")
     if settings.dsn is not None:
         dsn = settings.dsn.get_secret_value()
     elif stack_settings.postgres_dsn is not None:
@@ -84,7 +81,8 @@ def _run(action: str, key: str | None, call: Callable[[Promoter], PromotionEvent
     try:
         event = call(promoter)
     except ServingError as exc:
-        raise _fail(f"{action} refused: {exc}", 1) from exc
+        # Only the refusal gets the action's name in front; other failures reach the boundary as they are.
+        raise Refused(f"{action} refused: {exc}") from exc
     finally:
         promoter.close()
     _show(event)

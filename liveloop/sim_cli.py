@@ -12,7 +12,9 @@ from typing import Annotated, Any
 
 import typer
 
-app = typer.Typer(help="Simulated users with hidden preferences.", add_completion=False)
+from liveloop.exit_codes import LiveloopGroup
+
+app = typer.Typer(help="Simulated users with hidden preferences.", add_completion=False, cls=LiveloopGroup)
 
 
 def _mix(text: str) -> dict[str, float]:
@@ -42,10 +44,6 @@ def simulate(
     summary: Annotated[Path | None, typer.Option(help="Write the run's summary here as JSON.")] = None,
 ) -> None:
     """Run simulated sessions against the gateway and print a summary (acceptance by policy version)."""
-    from pydantic import ValidationError
-
-    from infra.errors import InfraError
-    from liveloop.demo.simulator.errors import SimulatorError
     from liveloop.demo.simulator.runner import simulate as run_simulation
     from liveloop.demo.simulator.settings import SimulatorSettings
 
@@ -60,16 +58,8 @@ def simulate(
         "gateway_url": gateway,
         "summary_path": summary,
     }
-    try:
-        settings = SimulatorSettings(**{k: v for k, v in overrides.items() if v is not None})
-    except ValidationError as exc:
-        typer.echo(f"error: invalid simulator settings: {exc}", err=True)
-        raise typer.Exit(2) from exc
-    try:
-        result = run_simulation(settings)
-    except (SimulatorError, InfraError) as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(1) from exc
+    settings = SimulatorSettings(**{k: v for k, v in overrides.items() if v is not None})
+    result = run_simulation(settings)
     typer.echo(
         f"{result.sessions} sessions, {result.requests} requests ({result.request_errors} errors), "
         f"{sum(result.events.values())} events, {len(result.planted_secrets)} secrets planted, "

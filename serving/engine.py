@@ -21,15 +21,15 @@ from serving.errors import NotReady, ServingError
 V = TypeVar("V")
 
 
-class EngineError(ServingError):
+class InferenceEngineError(ServingError):
     """Root of the engine errors (a :class:`~serving.errors.ServingError`)."""
 
 
-class LoadFailed(EngineError):
+class LoadFailed(InferenceEngineError):
     """A checkpoint could not be loaded (bad folder, bad checksum, NaN/Inf weights); the current version serves on."""
 
 
-class UnknownVersion(EngineError):
+class UnknownVersion(InferenceEngineError):
     """The version asked for is not loaded in this engine."""
 
 

@@ -36,7 +36,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from serving.engine import EngineError, Generation, QueuingEngine, SamplingParams, UnknownVersion
+from serving.engine import Generation, InferenceEngineError, QueuingEngine, SamplingParams, UnknownVersion
 from serving.errors import NotReady, ServingError
 
 log = logging.getLogger(__name__)
@@ -56,7 +56,7 @@ Versions = tuple[int | None, list[int]]
 """The engine's default version (None before the first load) and every loaded version."""
 
 
-class ChildExited(EngineError):
+class ChildExited(InferenceEngineError):
     """The engine's process is gone; nothing more can be served until the gateway starts again."""
 
 
@@ -264,7 +264,7 @@ def _serve(conn: Connection, device: str, dtype: str, max_batch: int, batch_wait
 
 def _portable(exc: BaseException) -> BaseException:
     """``exc`` as the parent can unpickle it: serving's own errors as they are, anything else
-    (torch's, transformers') as an EngineError naming it."""
+    (torch's, transformers') as an InferenceEngineError naming it."""
     if isinstance(exc, ServingError):
         return exc
-    return EngineError(f"{type(exc).__name__}: {exc}")
+    return InferenceEngineError(f"{type(exc).__name__}: {exc}")

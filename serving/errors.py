@@ -1,7 +1,7 @@
 """The serving package's exceptions: one root, with subclasses that tell the caller what to do.
 
 - :class:`ServingError` is the root of everything ``serving`` raises; the engine errors of
-  :mod:`serving.engine` (``EngineError``: ``LoadFailed``, ``UnknownVersion``, ...) derive from it.
+  :mod:`serving.engine` (``InferenceEngineError``: ``LoadFailed``, ``UnknownVersion``, ...) derive from it.
 - :class:`InvalidRequest`: the request cannot be served as asked (empty prompt, a prompt plus
   ``max_tokens`` longer than the model's context, an unsupported option). Do not retry; fix the
   request. The gateway answers 400 with the message.
@@ -14,8 +14,10 @@ Errors from torch, transformers, peft and vLLM are converted where they are call
 
 from __future__ import annotations
 
+from infra.errors import LiveloopError
 
-class ServingError(Exception):
+
+class ServingError(LiveloopError):
     """Root of every error raised by ``serving``."""
 
 

@@ -42,7 +42,7 @@ from pydantic import SecretStr
 from infra.credentials import load_credentials
 from serving.emission import EventSink, GenerationEmitter, RequestContext
 from serving.engine import Engine, Generation, QueuingEngine, SamplingParams, UnknownVersion
-from serving.errors import InvalidRequest, NotReady
+from serving.errors import InvalidRequest, NotReady, ServingError
 from serving.gateway_auth import GatewayKey
 from serving.gateway_openapi import document_openapi
 from serving.metrics import GatewayMetrics
@@ -67,7 +67,7 @@ class Service(Protocol):
     def stop(self) -> None: ...
 
 
-class _Failure(Exception):
+class _Failure(ServingError):
     """An answer other than 200, carried out of the request's steps."""
 
     def __init__(self, status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> None:

@@ -22,6 +22,8 @@ from typing import Annotated, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from serving.errors import ServingError
+
 PROMOTIONS_SCHEMA_VERSION = 1
 """The schema version this code writes and the newest it reads."""
 
@@ -76,8 +78,12 @@ PromotionsMessage = Annotated[PromotionEvent | SwapFailedEvent, Field(discrimina
 _ADAPTER: TypeAdapter[PromotionEvent | SwapFailedEvent] = TypeAdapter(PromotionsMessage)
 
 
-class InvalidPromotionsMessage(ValueError):
-    """A value on the promotions topic is not a valid message; skip it (it is logged) and go on."""
+class InvalidPromotionsMessage(ServingError):
+    """A value on the promotions topic is not a valid message; skip it (it is logged) and go on.
+
+    Raised by :func:`parse_message` after validation, never inside a pydantic validator, and caught by
+    name (``serving.swap``), so it needs no ``ValueError`` base.
+    """
 
 
 def message_to_json(message: PromotionEvent | SwapFailedEvent) -> bytes:

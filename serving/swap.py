@@ -55,7 +55,7 @@ from pydantic import ValidationError
 from infra.registry import CANDIDATE, CHAMPION, AliasNotSet, RegistryError
 from learner.manifest import CheckpointAnnouncement, CheckpointManifest
 from serving.canary import CanaryRouter
-from serving.engine import Engine, EngineError
+from serving.engine import Engine, InferenceEngineError
 from serving.errors import ServingError
 from serving.promotions_contract import (
     InvalidPromotionsMessage,
@@ -233,7 +233,7 @@ class SwapController:
             return
         # Its policy version may be another role's too, if the registry holds one checkpoint twice (adopted).
         if staged.policy_version not in {v.policy_version for v in self._roles()}:
-            with contextlib.suppress(EngineError, ServingError):
+            with contextlib.suppress(InferenceEngineError, ServingError):
                 self.engine.unload(staged.policy_version)
         shutil.rmtree(staged.folder, ignore_errors=True)
 
@@ -278,7 +278,7 @@ class SwapController:
             return version  # loaded before this controller knew of it (e.g. by the engine's own start-up): adopt it
         try:
             self.engine.load(files, version.policy_version)
-        except (EngineError, ServingError, OSError, ValueError, RuntimeError) as exc:
+        except (InferenceEngineError, ServingError, OSError, ValueError, RuntimeError) as exc:
             self._failed(version.model_version, role, "load", str(exc), refuse=True)
             return None
         return version
@@ -340,7 +340,7 @@ class SwapController:
                 del self._retiring[version]
             elif now - since >= self.unload_grace_s:
                 del self._retiring[version]
-                with contextlib.suppress(EngineError, ServingError):
+                with contextlib.suppress(InferenceEngineError, ServingError):
                     self.engine.unload(version)
                 shutil.rmtree(item.folder, ignore_errors=True)
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from infra.errors import LiveloopError
 
-class SimulatorError(Exception):
+
+class SimulatorError(LiveloopError):
     """Root of the simulator's errors."""
 
 
