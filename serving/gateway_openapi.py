@@ -77,8 +77,9 @@ def document_openapi(app: FastAPI, settings: ServingSettings) -> None:
         "headers": {
             "X-Liveloop-Session": {
                 "description": "The session the generations were filed under (the request's, or one made up for "
-                "it): feedback events about them must carry this session_id, or they join nothing.",
-                "schema": _ID,
+                "it), as the UTF-8 bytes of the id: feedback events about them must carry this session_id, or they "
+                "join nothing.",
+                "schema": {"type": "string", "minLength": 1},
             },
             "X-Liveloop-Policy-Version": {
                 "description": "The policy version that served the request.",
