@@ -41,7 +41,7 @@ from distill.admission import ScoredSample, UserAdmissions
 from distill.batch import TableBatch
 from distill.deadlines import DeadlineIndex
 from distill.fetches import Fetches
-from distill.metrics import METRICS, render
+from distill.metrics import METRICS, joins, render
 from distill.samples import parse_sample
 from distill.scored import ScoredRecords, partition_of, samples_of
 from distill.sessions import Outcome, SessionState, apply_event, apply_tick, expired, settle_outbox
@@ -54,7 +54,7 @@ from infra.topics import ensure_topics
 from ingest.api_fast import parse_clean_event
 from ingest.dead_letters import DeadLetter
 from ingest.errors import InvalidEvent
-from ingest.events import Event, parse_event
+from ingest.events import Event, event_to_json, parse_event
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ def build_app(settings: DistillSettings, spec: RewardSpec | None = None) -> faus
     """The distiller's Faust app, wired to ``settings``."""
     spec = spec or load_spec(settings.spec_path)
     sink = AuditSink(settings.dsn.get_secret_value(), retry_for_s=settings.audit_retry_s)
-    deadlines = DeadlineIndex(spec, SETTLED_AFTER_S)
+    deadlines = DeadlineIndex(spec, SETTLED_AFTER_S, settings.orphan_grace_s)
     app = faust.App(
         settings.app_id,
         broker=f"kafka://{settings.bootstrap}",
@@ -133,8 +133,11 @@ def build_app(settings: DistillSettings, spec: RewardSpec | None = None) -> faus
             await app.producer.send(scored_name, None, value, partition=partition, timestamp=None, headers=None)
 
     async def publish(outcomes: list[tuple[Outcome, SessionState]]) -> None:
-        """Hand the batch's samples on, without waiting for acknowledgements, and record late feedback."""
+        """Hand the batch's samples on, without waiting for acknowledgements, record late feedback and
+        dead-letter feedback that joined no generation."""
         late: list[tuple[Event, str | None]] = []
+        unjoined = 0
+        without_feedback = 0
         records = ScoredRecords(settings.partitions)
         # Counted per batch: a labelled counter costs a lookup and a lock per call.
         by_version: dict[int, list[int]] = {}  # policy version -> [generations, deferrals, invalid tool calls]
@@ -148,6 +151,19 @@ def build_app(settings: DistillSettings, spec: RewardSpec | None = None) -> faus
                 counts[2] += sample.invalid_tool_calls
             late += [(event, state.finalised.get(str(_generation_id(event)))) for event in outcome.late]
             capped += len(outcome.capped)
+            without_feedback += outcome.without_feedback
+            for event, reason in outcome.unjoined:
+                # A backend sending feedback under the wrong session learns it here, with the session to use.
+                letter = DeadLetter.of(
+                    event_to_json(event),
+                    reason,
+                    "distill",
+                    field="session_id",
+                    tenant=event.tenant,
+                    session_id=event.session_id,
+                )
+                await send(settings.dlq_topic, event.session_id.encode(), letter.to_json())
+                unjoined += 1
         for version, (generations, deferrals, invalid) in by_version.items():
             METRICS.generations.labels(str(version)).inc(generations)
             METRICS.deferrals.labels(str(version)).inc(deferrals)
@@ -157,6 +173,9 @@ def build_app(settings: DistillSettings, spec: RewardSpec | None = None) -> faus
         METRICS.privacy_dropped.inc(sum(outcome.private for outcome, _ in outcomes))
         METRICS.session_capped.inc(capped)
         METRICS.late_feedback.inc(len(late))
+        METRICS.unjoined_feedback.inc(unjoined)
+        METRICS.dead_letters.inc(unjoined)
+        METRICS.without_feedback.inc(without_feedback)
         await send_scored(records)
         await sink.record_late(late)
 
@@ -201,7 +220,7 @@ def build_app(settings: DistillSettings, spec: RewardSpec | None = None) -> faus
         wall = now.timestamp()
         for key in deadlines.due(partition, wall):
             state = batch.get(key, partition)
-            outcomes.append((apply_tick(state, now, spec), state))
+            outcomes.append((apply_tick(state, now, spec, settings.orphan_grace_s), state))
             settle_outbox(state, wall, SETTLED_AFTER_S)
             if expired(state, wall, spec):
                 batch.delete(key)
@@ -311,6 +330,11 @@ def build_app(settings: DistillSettings, spec: RewardSpec | None = None) -> faus
     @app.page("/healthz")
     async def healthz(web: Any, request: Any) -> Any:
         return web.json({"ok": True})
+
+    @app.page("/status")
+    async def status(web: Any, request: Any) -> Any:
+        """What ``liveloop status`` shows of the distiller: feedback that joined nothing, generations without any."""
+        return web.json(joins())
 
     @app.page("/metrics")
     async def metrics(web: Any, request: Any) -> Any:

@@ -12,16 +12,17 @@ from __future__ import annotations
 
 import heapq
 
-from distill.sessions import SessionState
+from distill.sessions import ORPHAN_GRACE_S, SessionState, orphans_due
 from distill.spec import RewardSpec
 
 
 class DeadlineIndex:
     """Session key -> the wall-clock time (epoch seconds) at which a tick has work for it."""
 
-    def __init__(self, spec: RewardSpec, settled_after_s: float) -> None:
+    def __init__(self, spec: RewardSpec, settled_after_s: float, orphan_grace_s: float = ORPHAN_GRACE_S) -> None:
         self._spec = spec
         self._settled_after_s = settled_after_s
+        self._orphan_grace_s = orphan_grace_s
         self._due: dict[int, dict[bytes, float]] = {}
         # Per partition, (deadline, key) with superseded entries left in place: an entry counts only
         # while it matches ``_due``, and the heap is rebuilt when stale entries outnumber live ones.
@@ -35,13 +36,16 @@ class DeadlineIndex:
         self.built = False
 
     def update(self, key: bytes, partition: int, state: SessionState) -> None:
-        """Record when ``state`` next needs a tick: a window closes, its outbox settles, or it expires."""
+        """Record when ``state`` next needs a tick: a window closes, its outbox settles, its orphans stop
+        waiting, or it expires."""
         if state.pending:
             due = min(p.final_at.timestamp() for p in state.pending.values())
         elif state.outbox:
             due = min(at for _, at in state.outbox.values()) + self._settled_after_s
         else:
             due = state.touched_at + self._spec.windows_s.longest
+        if state.orphans:
+            due = min(due, orphans_due(state, self._spec, self._orphan_grace_s))
         current = self._due.setdefault(partition, {})
         if current.get(key) == due:
             return

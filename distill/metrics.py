@@ -15,6 +15,11 @@ from distill.guards import (
 )
 from distill.reward import LATE_FEEDBACK_COUNTER
 
+UNJOINED_FEEDBACK_COUNTER = "liveloop_distill_unjoined_feedback_total"
+"""Feedback events that named a generation their session never had (each one is dead-lettered)."""
+WITHOUT_FEEDBACK_COUNTER = "liveloop_distill_generations_without_feedback_total"
+"""Generations whose reward became final with no feedback event at all."""
+
 REGISTRY = CollectorRegistry()
 _BY_VERSION = ("policy_version",)
 
@@ -42,7 +47,19 @@ METRICS = SimpleNamespace(
         INVALID_TOOL_CALLS_COUNTER, "Invalid tool calls penalised, by policy version.", _BY_VERSION
     ),
     generations=_counter("liveloop_distill_generations_total", "Generations scored, by policy version.", _BY_VERSION),
+    unjoined_feedback=_counter(
+        UNJOINED_FEEDBACK_COUNTER, "Feedback that joined no generation of its session (sent to the dead-letter topic)."
+    ),
+    without_feedback=_counter(WITHOUT_FEEDBACK_COUNTER, "Generations finalised with no feedback at all."),
 )
+
+
+def joins() -> dict[str, int]:
+    """How well feedback joins its generations, since this process started (the distiller's ``/status``)."""
+    return {
+        "unjoined_feedback": int(REGISTRY.get_sample_value(UNJOINED_FEEDBACK_COUNTER) or 0),
+        "generations_without_feedback": int(REGISTRY.get_sample_value(WITHOUT_FEEDBACK_COUNTER) or 0),
+    }
 
 
 def render() -> tuple[bytes, str]:

@@ -12,6 +12,14 @@ Rules:
   closed, else "window": it depends on event times only, not on when a tick happened to run.
 - Feedback for a final generation, or outside its signal's window, is late: recorded, never applied.
 - Feedback that arrives before its generation (another producer, another path) waits as an orphan.
+  An orphan never disappears silently: one still waiting when its session has ended and been quiet
+  for ``ORPHAN_GRACE_S``, or when the session has been quiet for a whole longest window (it would
+  expire), or that finds ``MAX_ORPHANS`` already waiting, comes out as ``unjoined`` with a reason
+  a backend developer can act on (the app dead-letters it). The grace is there because a generation
+  may reach the topic after its feedback and even after its session's end (the gateway's SDK and the
+  ingest API are separate paths); such a generation still collects its orphans and is scored at once.
+- A generation finalised with no feedback at all is counted (``Outcome.without_feedback``): that is
+  what a backend sending its feedback under the wrong session looks like from here.
 - An event seen before (same tenant and event id) changes nothing; a privacy-mode event marks the
   whole session private, and a private session keeps nothing and yields nothing.
 - A sample stays in the session's outbox until it is surely delivered (``settle_outbox``): the
@@ -42,6 +50,10 @@ from ingest.events import (
 
 MAX_ORPHANS = 1000
 """Most feedback events a session holds for generations it has not seen yet."""
+ORPHAN_GRACE_S = 60.0
+"""How long (wall clock, after a session's last event) an ended session's orphans wait for their generation
+by default (``DistillSettings.orphan_grace_s``): a generation reaches the topic seconds after its feedback at
+worst, while a backend waiting for its dead letter should not wait long."""
 
 
 class PendingGeneration(BaseModel):
@@ -154,6 +166,9 @@ class Outcome:
     sample_json: list[bytes] = field(default_factory=list)
     capped: list[Sample] = field(default_factory=list)
     late: list[Event] = field(default_factory=list)
+    # Feedback that can never join its generation, with the reason (see the module docstring).
+    unjoined: list[tuple[Event, str]] = field(default_factory=list)
+    without_feedback: int = 0
     duplicate: bool = False
     private: bool = False
 
@@ -201,16 +216,45 @@ def apply_event(state: SessionState, event: Event, spec: RewardSpec, now: float)
             pending.add_feedback(event)
     elif len(state.orphans) < MAX_ORPHANS:
         state.orphans.append(event_to_json(event).decode())
+    else:
+        reason = f"{MAX_ORPHANS} feedback events of it already wait for generations it has not seen"
+        outcome.unjoined.append((event, unjoined_reason(event, reason)))
     return outcome
 
 
-def apply_tick(state: SessionState, now: datetime, spec: RewardSpec) -> Outcome:
-    """Finalise every generation whose window has closed by ``now``."""
+def apply_tick(state: SessionState, now: datetime, spec: RewardSpec, orphan_grace_s: float = ORPHAN_GRACE_S) -> Outcome:
+    """Finalise every generation whose window has closed by ``now``; give up the orphans that are due."""
     outcome = Outcome()
     for generation_id, pending in list(state.pending.items()):
         if pending.final_at <= now:
             _finalise(state, generation_id, spec, outcome, now.timestamp())
+    if state.orphans and now.timestamp() >= orphans_due(state, spec, orphan_grace_s):
+        for raw in state.orphans:
+            event = stored_event(raw)
+            why = (
+                f"it ended, and {orphan_grace_s:g} s after its last event the generation had not come"
+                if state.ended
+                else f"no event of it came for {spec.windows_s.longest} s"
+            )
+            outcome.unjoined.append((event, unjoined_reason(event, why)))
+        state.orphans = []
     return outcome
+
+
+def orphans_due(state: SessionState, spec: RewardSpec, orphan_grace_s: float = ORPHAN_GRACE_S) -> float:
+    """When (epoch seconds) the session's orphans stop waiting: ``orphan_grace_s`` after the last event of an
+    ended session, else when the session would expire."""
+    quiet_s = orphan_grace_s if state.ended else float(spec.windows_s.longest)
+    return state.touched_at + quiet_s
+
+
+def unjoined_reason(event: Event, why: str) -> str:
+    """What a backend developer reads in the dead letter of feedback that joined no generation."""
+    return (
+        f"feedback {event.type} names generation {_generation_id(event)}, which session {event.session_id} never "
+        f"had ({why}); send feedback under the session the gateway's X-Liveloop-Session response header "
+        "(or the body's liveloop.session_id) names for that generation"
+    )
 
 
 def settle_outbox(state: SessionState, now: float, delivered_after_s: float) -> bool:
@@ -230,7 +274,12 @@ def expired(state: SessionState, now: float, spec: RewardSpec) -> bool:
 
     Until then, feedback for its final generations is still recognised (and recorded) as late.
     """
-    return not state.pending and not state.outbox and now - state.touched_at > spec.windows_s.longest
+    return (
+        not state.pending
+        and not state.outbox
+        and not state.orphans  # given up by a tick first (``apply_tick``), never dropped silently
+        and now - state.touched_at > spec.windows_s.longest
+    )
 
 
 def _add_generation(
@@ -270,7 +319,9 @@ def _finalise(
     if ended is None and state.ended:
         ended = stored_event(state.ended)
     assert ended is None or isinstance(ended, SessionEndedEvent)
-    sample = score(generation, pending.feedback_events(), spec, finalised_by(generation, ended, spec))
+    feedback = pending.feedback_events()
+    outcome.without_feedback += not feedback
+    sample = score(generation, feedback, spec, finalised_by(generation, ended, spec))
     state.finalised[generation_id] = sample.sample_id
     admitted, state.admitted = admit_session(state.admitted, spec.guards)
     if admitted:

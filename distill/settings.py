@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
+from distill.sessions import ORPHAN_GRACE_S
 from infra.settings import KAFKA_BOOTSTRAP_DEFAULT, KafkaBootstrap, LiveloopSettings, PostgresDsn, TopicName
 
 
@@ -49,6 +50,13 @@ class DistillSettings(LiveloopSettings):
         default=0.05, gt=0, le=1.5, description="Longest the broker holds a fetch of the app's consumer for new data."
     )
     tick_interval_s: float = Field(default=1.0, gt=0, le=60, description="How often closed windows are finalised.")
+    orphan_grace_s: float = Field(
+        default=ORPHAN_GRACE_S,
+        ge=0,
+        le=3600,
+        description="How long after an ended session's last event its feedback for unseen generations waits for "
+        "them before it is dead-lettered (distill.sessions).",
+    )
     audit_retry_s: float = Field(
         default=300.0,
         gt=0,

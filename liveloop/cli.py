@@ -131,6 +131,12 @@ def _print_status(report: dict[str, dict[str, dict[str, object]]]) -> None:
             mark = "[green]yes[/green]" if item["healthy"] else "[red]no[/red]"
             table.add_row(kind[:-1], name, mark, str(address))
     console.print(table)
+    joins = report["components"].get("distiller", {}).get("details")
+    if isinstance(joins, dict) and "unjoined_feedback" in joins:
+        console.print(
+            f"distiller: {joins['unjoined_feedback']} feedback event(s) joined no generation (see the dead-letter "
+            f"topic), {joins['generations_without_feedback']} generation(s) finalised without feedback"
+        )
 
 
 app.add_typer(learner_cli.app, name="learner")

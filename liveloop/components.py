@@ -63,6 +63,8 @@ def loop_components(stack: Stack) -> list[ComponentSpec]:
             name="distiller",
             argv=[python, "-m", "distill.app"],
             health_url=f"http://{distill.web_host}:{distill.web_port}/healthz",
+            # Feedback that joined no generation, and generations with none: a backend wired wrongly shows here.
+            status_url=f"http://{distill.web_host}:{distill.web_port}/status",
             env={
                 "LIVELOOP_DISTILL_BOOTSTRAP": e.kafka_bootstrap,
                 "LIVELOOP_DISTILL_DSN": e.dsn(),

@@ -4,6 +4,9 @@ Request headers, and the defaults when one is missing:
 
 - ``X-Liveloop-Session``: the session id. Default ``gateway-<generation_id>`` of the request's first
   choice: a request without one is a session of its own. The canary router sees ``None`` then.
+  Either way the response names the session used (``X-Liveloop-Session`` header, ``liveloop.session_id``);
+  feedback about these generations must be sent under it, or it joins nothing (the distiller
+  dead-letters it).
 - ``X-Liveloop-User``: the pseudonymous user id. Default the OpenAI body's ``user`` field, else
   ``ServingSettings.default_user`` (``anonymous``).
 - ``X-Liveloop-Tenant``: default ``ServingSettings.default_tenant`` (``default``).

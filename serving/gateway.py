@@ -8,6 +8,9 @@ Run it with ``python -m serving.gateway`` (settings from ``LIVELOOP_SERVING_*``)
   ``liveloop`` object (with the generation ids; see :mod:`serving.openai_responses`) and in the
   ``X-Liveloop-Policy-Version`` header. Every choice is emitted as a ``generation`` event to the
   events topic (see :mod:`serving.emission` for the headers that name session, user, tenant, surface).
+  Every response names the session its generations were filed under, the request's
+  ``X-Liveloop-Session`` or one the gateway made up: in the ``X-Liveloop-Session`` response header and
+  in ``liveloop.session_id``. Feedback joins its generation only when sent under that session.
 - ``GET /v1/models``: the served model.
 - ``GET /healthz`` (the process answers), ``GET /readyz`` (a policy version is loaded), ``GET /metrics``.
 
@@ -54,6 +57,8 @@ from serving.settings import ServingSettings
 log = logging.getLogger(__name__)
 
 VERSION_HEADER = "X-Liveloop-Policy-Version"
+SESSION_HEADER = "X-Liveloop-Session"
+"""Read from the request (the caller's session) and always returned: the session the generations were filed under."""
 Router = Callable[[str | None], int | None]
 """``(session_id or None) -> policy version to serve, or None for the engine's default``."""
 
@@ -200,8 +205,10 @@ def create_app(
             events.emit(context, session, choice.generation_id, prompt, g, kind, latency_ms)
         prompt_tokens = sum(len(c.generation.prompt_token_ids) for c in choices[:: body.n])
         response_id = f"{'chatcmpl' if chat else 'cmpl'}-{choices[0].generation_id.hex}"
-        reply = Reply(response_id, int(time.time()), settings.model_name, choices, prompt_tokens)
-        headers = {VERSION_HEADER: str(reply.policy_version)}
+        reply = Reply(response_id, int(time.time()), settings.model_name, choices, prompt_tokens, session)
+        # The session is handed back even when the caller named it: its feedback must be sent under it.
+        # Header values go out as latin-1: the UTF-8 bytes of the id, as the caller sent them (emission._header).
+        headers = {VERSION_HEADER: str(reply.policy_version), SESSION_HEADER: session.encode().decode("latin-1")}
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         if chat:
             top = body.top_logprobs or 0

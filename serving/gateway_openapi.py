@@ -4,7 +4,8 @@ The completion routes read their bodies themselves (so that every error gets Ope
 FastAPI cannot infer the bodies from parameters and would publish operations without one. This
 module completes the document FastAPI builds from the request models of :mod:`serving.openai_schema`
 (with this gateway's limits on ``max_tokens``, ``n`` and the number of prompts), the ``X-Liveloop-*``
-headers of :mod:`serving.emission` and OpenAI's error body. Clients can generate code from it, and a
+headers of :mod:`serving.emission` (and the two every answer returns: the session used and the policy
+version) and OpenAI's error body. Clients can generate code from it, and a
 schema-driven fuzzer (schemathesis) can send meaningful requests.
 """
 
@@ -26,7 +27,12 @@ _ID = {"type": "string", "minLength": 1, "maxLength": MAX_ID_CHARS, "pattern": r
 _EVENT = {"type": "object", "properties": {"data": {"type": "string"}}, "required": ["data"]}
 """One server-sent event of a streamed completion: ``data`` is a JSON chunk, the last one ``[DONE]``."""
 _HEADERS = [
-    ("X-Liveloop-Session", _ID, "Session id; default: a session of its own per request."),
+    (
+        "X-Liveloop-Session",
+        _ID,
+        "Session id; default: a session of its own per request. The response names the session used; send the "
+        "generations' feedback under it.",
+    ),
     ("X-Liveloop-User", _ID, "Pseudonymous user id; default: the body's 'user', else the gateway's default user."),
     ("X-Liveloop-Tenant", {"type": "string", "pattern": TENANT_PATTERN}, "Tenant; default: the gateway's."),
     ("X-Liveloop-Surface", {"type": "string", "pattern": r"^[a-z][a-z0-9_.-]{0,63}$"}, "Where the output is shown."),
@@ -66,7 +72,20 @@ def document_openapi(app: FastAPI, settings: ServingSettings) -> None:
         return {"description": description, "content": {_JSON: {"schema": error}}}
 
     served = {
-        "description": "The completion (a JSON body, or server-sent events with 'stream': true).",
+        "description": "The completion (a JSON body, or server-sent events with 'stream': true). The body's (and "
+        "every chunk's) 'liveloop' object names generation_id, generation_ids, policy_version and session_id.",
+        "headers": {
+            "X-Liveloop-Session": {
+                "description": "The session the generations were filed under (the request's, or one made up for "
+                "it), as the UTF-8 bytes of the id: feedback events about them must carry this session_id, or they "
+                "join nothing.",
+                "schema": {"type": "string", "minLength": 1},
+            },
+            "X-Liveloop-Policy-Version": {
+                "description": "The policy version that served the request.",
+                "schema": {"type": "integer", "minimum": 0},
+            },
+        },
         "content": {_JSON: {"schema": {"type": "object"}}, "text/event-stream": {"schema": _EVENT}},
     }
     for path, model in (("/v1/completions", CompletionRequest), ("/v1/chat/completions", ChatCompletionRequest)):

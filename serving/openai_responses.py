@@ -2,9 +2,12 @@
 
 Every body (and every stream chunk) carries a ``liveloop`` object::
 
-    {"generation_id": "<choice 0's id>", "generation_ids": ["<one per choice>"], "policy_version": 7}
+    {"generation_id": "<choice 0's id>", "generation_ids": ["<one per choice>"], "policy_version": 7,
+     "session_id": "<the session the generations were filed under>"}
 
-Feedback events name a choice's ``generation_id``. Token logprobs, when asked for (``logprobs`` on
+Feedback events name a choice's ``generation_id`` and must be sent under ``session_id`` (the request's
+``X-Liveloop-Session``, or the one the gateway made up when the request had none): the distiller
+joins feedback to generations within one session only. Token logprobs, when asked for (``logprobs`` on
 completions, ``logprobs: true`` on chat), name tokens as ``token_id:<id>`` (the form vLLM uses with
 ``return_tokens_as_token_ids``): token ids are what the learner needs, and a byte-level token has no
 printable text of its own. The logprob is the behaviour policy's (see :mod:`serving.torch_decode`).
@@ -42,10 +45,16 @@ class Reply:
     model: str
     choices: list[Choice]
     prompt_tokens: int
+    session_id: str
 
     def liveloop(self) -> dict[str, Any]:
         ids = [str(c.generation_id) for c in self.choices]
-        return {"generation_id": ids[0], "generation_ids": ids, "policy_version": self.policy_version}
+        return {
+            "generation_id": ids[0],
+            "generation_ids": ids,
+            "policy_version": self.policy_version,
+            "session_id": self.session_id,
+        }
 
     @property
     def policy_version(self) -> int:

@@ -167,6 +167,7 @@ class StreamHarness:
         partitions: int = 3,
         spec: Mapping[str, Any] | None = None,
         tick_interval_s: float = 0.5,
+        orphan_grace_s: float = 60.0,
         name: str = "stream",
     ) -> None:
         self.bootstrap = bootstrap
@@ -197,6 +198,7 @@ class StreamHarness:
             data_dir=workdir / f"faust-{tag}",
             web_port=self.web_port,
             tick_interval_s=tick_interval_s,
+            orphan_grace_s=orphan_grace_s,
             spec_path=self.spec_path,
         )
         topics = [
@@ -231,6 +233,7 @@ class StreamHarness:
             "DATA_DIR": str(s.data_dir),
             "WEB_PORT": str(s.web_port),
             "TICK_INTERVAL_S": str(s.tick_interval_s),
+            "ORPHAN_GRACE_S": str(s.orphan_grace_s),
             "AUDIT_RETRY_S": str(s.audit_retry_s),
         }
         if self.spec_path is not None:

@@ -259,6 +259,9 @@ def test_liveloop_headers_are_read_as_utf8(start_gateway: Callable[..., Gateway]
     utf8 = {"X-Liveloop-User": "zoë-ユーザー".encode(), "X-Liveloop-Session": "séance-1".encode()}
     answered = httpx.post(f"{gateway.url}/v1/completions", json=body, headers=auth | utf8)
     assert answered.status_code == 200, answered.text
+    # The session comes back as the bytes it came in as (header values travel as latin-1 text).
+    assert dict(answered.headers.raw)[b"x-liveloop-session"] == "séance-1".encode()
+    assert answered.json()["liveloop"]["session_id"] == "séance-1"
     latin1 = {"X-Liveloop-User": "zo\xeb".encode("latin-1")}  # not UTF-8: refused, naming the header
     refused = httpx.post(f"{gateway.url}/v1/completions", json=body, headers=auth | latin1)
     assert refused.status_code == 400
@@ -321,3 +324,37 @@ def test_probes_say_when_a_version_is_loaded(start_gateway: Callable[..., Gatewa
         assert ready.json() == {"ready": True, "default_version": VERSION, "loaded_versions": [VERSION, CANARY]}
     finally:
         empty.close()
+
+
+def test_every_answer_names_the_session_its_generations_were_filed_under(
+    start_gateway: Callable[..., Gateway], endpoints: Endpoints
+) -> None:
+    """Feedback joins its generation only under the generation's session, so a caller that named none
+    must learn the one the gateway made up: in a header and in the body (and every stream chunk)."""
+    gateway = start_gateway()
+    client = gateway.client()
+    raw = client.completions.with_raw_response.create(model=MODEL, prompt="def f():", max_tokens=4, temperature=0)
+    made_up = raw.headers["X-Liveloop-Session"]
+    body = raw.parse()
+    assert body.model_extra is not None
+    assert (
+        made_up
+        == body.model_extra["liveloop"]["session_id"]
+        == f"gateway-{body.model_extra['liveloop']['generation_id']}"
+    )
+    named = client.chat.completions.with_raw_response.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Hi"}],
+        max_tokens=4,
+        extra_headers={"X-Liveloop-Session": "backend-7"},
+    )
+    chat = named.parse()
+    assert chat.model_extra is not None
+    assert named.headers["X-Liveloop-Session"] == chat.model_extra["liveloop"]["session_id"] == "backend-7"
+    stream = client.completions.create(model=MODEL, prompt="def g():", max_tokens=4, stream=True)
+    chunks = [chunk.model_extra["liveloop"]["session_id"] for chunk in stream if chunk.model_extra]
+    assert chunks
+    assert set(chunks) == {stream.response.headers["X-Liveloop-Session"]}
+    assert gateway.sdk.flush(timeout=30)
+    events = [parse_event(e) for e in read_events(endpoints.kafka_bootstrap, gateway.topic, 3)]
+    assert {e.session_id for e in events} == {made_up, "backend-7", chunks[0]}
