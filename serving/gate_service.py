@@ -19,6 +19,7 @@ from kafka import KafkaConsumer, OffsetAndMetadata
 from pydantic import Field, SecretStr, ValidationError
 from pydantic_settings import SettingsConfigDict
 
+from distill.samples import HeldOutRule, HeldOutSettings
 from infra.registry import Registry
 from infra.settings import LiveloopSettings, TopicsSettings
 from learner.manifest import CheckpointAnnouncement
@@ -49,9 +50,8 @@ class GateSettings(LiveloopSettings):
     mlflow_url: str = Field(default="http://127.0.0.1:5000", min_length=1, description="MLflow tracking URI.")
     policy_path: Path | None = Field(default=None, description="Gate policy YAML/JSON; unset: GatePolicy defaults.")
     suite_path: Path = Field(default=DEFAULT_SUITE, description="The regression suite YAML/JSON.")
-    held_out_percent: int = Field(
-        default=10, ge=1, le=50, description="Samples with int(sample_id[:8], 16) % 100 below this are held out."
-    )
+    # The held-out share is the deployment's one LIVELOOP_HELD_OUT_PERCENT (distill.samples.HeldOutSettings),
+    # shared with the learner: two settings could differ and score a candidate on its training samples.
     max_held_out: int = Field(default=2000, ge=10, le=1_000_000, description="Newest held-out samples scored.")
     work_dir: Path | None = Field(default=None, description="Scratch space for downloads; unset: the system's temp.")
     poll_timeout_ms: int = Field(default=1000, ge=10, le=60_000)
@@ -61,8 +61,11 @@ class GateSettings(LiveloopSettings):
 class GateService:
     """Consumes announcements and runs the gate on each (see the module docstring)."""
 
-    def __init__(self, settings: GateSettings, policy: GatePolicy | None = None) -> None:
+    def __init__(
+        self, settings: GateSettings, policy: GatePolicy | None = None, held_out: HeldOutRule | None = None
+    ) -> None:
         self.settings = settings
+        self.held_out = held_out if held_out is not None else HeldOutSettings().rule()
         self.policy = policy or (load_policy(settings.policy_path) if settings.policy_path else GatePolicy())
         self.suite = load_suite(settings.suite_path)
         self.registry = Registry(settings.mlflow_url)
@@ -96,7 +99,7 @@ class GateService:
             promoter=promoter,
             policy=self.policy,
             suite=self.suite,
-            held_out_percent=s.held_out_percent,
+            held_out=self.held_out,
             max_held_out=s.max_held_out,
             work_dir=s.work_dir,
         )
@@ -159,7 +162,7 @@ def main() -> int:
         settings = GateSettings()  # type: ignore[call-arg]  # the DSN comes from the environment
         service = GateService(settings)
     except (ValidationError, ServingError) as exc:
-        log.error("invalid gate settings (LIVELOOP_GATE_*), policy or suite:\n%s", exc)
+        log.error("invalid gate settings (LIVELOOP_GATE_*, LIVELOOP_HELD_OUT_PERCENT), policy or suite:\n%s", exc)
         return 2
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: service.stopping.set())
