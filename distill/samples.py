@@ -16,11 +16,15 @@ Decisions a consumer must know:
 - ``loss_mask`` has one 0/1 per completion token: 1 where the policy wrote the token (a ``policy``
   trajectory segment, or the whole completion of a generation without trajectory), 0 for tool,
   sub-agent, summary and user text. It is ``None`` exactly when there are no token ids.
+- The evaluation split is :class:`HeldOutRule` of the one setting :class:`HeldOutSettings`: the learner
+  never trains on it, records it in each checkpoint manifest, and the gate scores only candidates whose
+  recorded rule is its own.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 from datetime import UTC, datetime
 from typing import Annotated, Literal
 from uuid import UUID
@@ -35,8 +39,10 @@ from pydantic import (
     ValidationError,
     model_validator,
 )
+from pydantic_settings import SettingsConfigDict
 
 from distill.errors import InvalidSample, MisalignedTrajectory
+from infra.settings import LiveloopSettings
 from ingest.payloads import GenerationPayload, Identifier, Logprob, Name, TokenId
 
 SAMPLE_SCHEMA_VERSION = 1
@@ -135,15 +141,86 @@ class Sample(BaseModel):
         return self
 
 
+HELD_OUT_RULE_VERSION = 1
+"""The version of :func:`held_out_bucket`. Bump it whenever that hash rule changes: a checkpoint whose manifest
+names another version skipped another split, and the evaluation gate refuses it."""
+
+HeldOutPercent = Annotated[int, Field(ge=0, le=50)]
+"""The held-out share, 0..50 %: 0 keeps no evaluation split (the gate then has nothing to judge and rejects
+every candidate; for tests that count intake exactly); above 50 the learner would hold out more than it trains on."""
+
+
+def held_out_bucket(sample_id: str) -> int:
+    """The sample's bucket, 0..99, under rule :data:`HELD_OUT_RULE_VERSION`: the first 8 hex digits of its id
+    modulo 100. Sample ids are hex digests, so buckets are uniformly spread."""
+    return int(sample_id[:8], 16) % 100
+
+
 def is_held_out(sample_id: str, percent: int) -> bool:
     """Whether a sample belongs to the evaluation split: ``percent`` % of ids, chosen by the id's hash.
 
     The learner never trains on these and the evaluation gate estimates rewards on them, so both import
-    this one predicate. Sample ids are hex digests, so the first 8 digits are uniformly spread.
+    this one predicate (through :class:`HeldOutRule`) and neither restates it.
     """
     if not 0 <= percent <= 100:
         raise ValueError(f"held-out percent must lie in 0..100, not {percent}")
-    return int(sample_id[:8], 16) % 100 < percent
+    return held_out_bucket(sample_id) < percent
+
+
+class HeldOutRule(BaseModel):
+    """The evaluation split a learner skipped and a gate scores on: its share and the hash rule's version.
+
+    The learner writes it into every checkpoint manifest; the gate refuses a candidate whose rule is not its
+    own, since it would otherwise score the candidate on samples it trained on.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    percent: HeldOutPercent
+    rule_version: int = Field(default=HELD_OUT_RULE_VERSION, ge=1, description="HELD_OUT_RULE_VERSION in force.")
+
+    def holds_out(self, sample_id: str) -> bool:
+        """Whether this rule keeps ``sample_id`` out of training (for evaluation)."""
+        if self.rule_version != HELD_OUT_RULE_VERSION:
+            raise ValueError(
+                f"held-out rule version {self.rule_version} is not the one this code computes "
+                f"({HELD_OUT_RULE_VERSION}); run the liveloop version that wrote it"
+            )
+        return is_held_out(sample_id, self.percent)
+
+    def describe(self) -> str:
+        """``"<percent> % (rule v<version>)"``, for reasons and logs."""
+        return f"{self.percent} % (rule v{self.rule_version})"
+
+
+_RETIRED_VARIABLES = ("LIVELOOP_LEARNER_HELD_OUT_PERCENT", "LIVELOOP_GATE_HELD_OUT_PERCENT")
+
+
+class HeldOutSettings(LiveloopSettings):
+    """The one held-out share of the deployment, read by the learner and the gate. Env ``LIVELOOP_HELD_OUT_PERCENT``.
+
+    One setting rather than one per service: two that differ let the gate score a candidate on its own
+    training samples.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="LIVELOOP_")
+
+    held_out_percent: HeldOutPercent = Field(
+        default=10, description="Share of samples (by held_out_bucket) never trained on and scored by the gate."
+    )
+
+    @model_validator(mode="after")
+    def _no_retired_variables(self) -> HeldOutSettings:
+        # Unknown variables are ignored, so a deployment still setting the retired per-service shares
+        # would silently run with the default: say so instead.
+        retired = sorted(name for name in _RETIRED_VARIABLES if name in os.environ)
+        if retired:
+            raise ValueError(f"{', '.join(retired)} no longer exist: set LIVELOOP_HELD_OUT_PERCENT once instead")
+        return self
+
+    def rule(self) -> HeldOutRule:
+        """The rule these settings and this code's hash rule make."""
+        return HeldOutRule(percent=self.held_out_percent)
 
 
 def sample_to_json(sample: Sample) -> bytes:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from distill.samples import HeldOutRule, HeldOutSettings
 from learner.manifest import (
     CheckpointManifest,
     OffsetRange,
@@ -27,7 +28,7 @@ from learner.manifest import (
     write_manifest,
 )
 from learner.settings import LearnerSettings, PausePoint
-from learner.state import DataDir, commit_folder
+from learner.state import DataDir, StateError, commit_folder
 
 log = logging.getLogger(__name__)
 
@@ -122,9 +123,11 @@ def build_manifest(
     cycle: CycleRecord,
     positions: Mapping[int, int],
     files: dict[str, str],
+    held_out: HeldOutRule,
 ) -> CheckpointManifest:
-    """The manifest of a checkpoint written now."""
-    training_config = settings.training_config()
+    """The manifest of a checkpoint written now; ``held_out`` is the split the learner's intake skipped."""
+    # The split decides which samples train, so it belongs in the hashed config as well as in its own field.
+    training_config = {**settings.training_config(), "held_out": held_out.model_dump()}
     return CheckpointManifest(
         checkpoint_id=checkpoint_id,
         parent_id=parent_id,
@@ -147,6 +150,24 @@ def build_manifest(
         code_version=code_version(),
         files=files,
         created_at=now_utc(),
+        held_out=held_out,
+    )
+
+
+def check_lineage_held_out(newest: CheckpointManifest, held_out: HeldOutRule) -> None:
+    """Refuse to continue a lineage that trained under another held-out split than ``held_out``.
+
+    A checkpoint's weights hold everything its ancestors trained on, so a lineage that skipped one split and
+    then moved to another has trained on part of the new one, which its later manifests could not show: the
+    gate would score it on samples it learned from. The base (policy 0) trained on nothing, and a schema 1
+    manifest recorded no rule, so neither is checked.
+    """
+    if newest.policy_version == 0 or newest.held_out is None or newest.held_out == held_out:
+        return
+    raise StateError(
+        f"checkpoint {newest.checkpoint_id} was trained with held-out split {newest.held_out.describe()}, but this "
+        f"learner skips {held_out.describe()}; set LIVELOOP_HELD_OUT_PERCENT={newest.held_out.percent} again, "
+        "or start a new lineage (another model name) under the new split"
     )
 
 
@@ -175,9 +196,12 @@ def write_checkpoint_folder(
     return final
 
 
-def write_base_checkpoint(data_dir: Path, model_name: str, source: Path | None = None) -> Path:
+def write_base_checkpoint(
+    data_dir: Path, model_name: str, source: Path | None = None, held_out: HeldOutRule | None = None
+) -> Path:
     """Write lineage version 0 as ``<data_dir>/checkpoints/<model_name>-v00000/``: the tiny Llama
-    (``source`` None) or a copy of the Hugging Face folder ``source``, with its manifest. Idempotent: an
+    (``source`` None) or a copy of the Hugging Face folder ``source``, with its manifest, which records
+    ``held_out`` (default: the deployment's :class:`distill.samples.HeldOutSettings`). Idempotent: an
     existing, verified base folder is returned as it is."""
     from learner.engine import base_model_label
     from learner.manifest import verify_checkpoint
@@ -212,6 +236,7 @@ def write_base_checkpoint(data_dir: Path, model_name: str, source: Path | None =
         code_version=code_version(),
         files=hash_folder(temporary),
         created_at=now_utc(),
+        held_out=held_out if held_out is not None else HeldOutSettings().rule(),
     )
     write_manifest(temporary, manifest)
     commit_folder(temporary, final)

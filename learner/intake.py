@@ -7,9 +7,11 @@ and the first reason that applies is the one counted:
    re-check, first so that no other reason can hide a privacy breach from its counter.
 2. ``duplicate``: a sample with this ``sample_id`` was already admitted (a re-delivery or a replay).
    Before staleness, so that a re-delivered sample counts as the duplicate it is even after the base moved.
-3. ``stale``: ``base_policy_version - policy_version > max_staleness``: its behaviour policy is too far
+3. ``held_out``: the sample is in the evaluation split (:class:`distill.samples.HeldOutRule`) the gate
+   scores candidates on.
+4. ``stale``: ``base_policy_version - policy_version > max_staleness``: its behaviour policy is too far
    behind for truncated importance weights to correct.
-4. ``no_tokens``: no prompt tokens, completion tokens or behaviour logprobs, or no 1 in its loss mask:
+5. ``no_tokens``: no prompt tokens, completion tokens or behaviour logprobs, or no 1 in its loss mask:
    there is nothing to train on.
 
 Only admitted samples are remembered as seen, so the seen set is exactly what was (or will be) trained on.
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from distill.samples import Sample, is_held_out
+from distill.samples import HeldOutRule, Sample
 from learner.metrics import DROP_REASONS, SAMPLES_ACCEPTED, SAMPLES_DROPPED
 
 
@@ -38,7 +40,7 @@ class Intake:
         base_policy_version: int,
         max_staleness: int,
         seen_sample_ids: Iterable[str] = (),
-        held_out_percent: int = 0,
+        held_out: HeldOutRule | None = None,
     ) -> None:
         if base_policy_version < 0:
             raise ValueError(f"base_policy_version {base_policy_version} must be >= 0")
@@ -46,9 +48,9 @@ class Intake:
             raise ValueError(f"max_staleness {max_staleness} must be >= 0; 0 trains on the current policy only")
         self.base_policy_version = base_policy_version
         self.max_staleness = max_staleness
-        # The evaluation gate estimates rewards on this split (distill.samples.is_held_out): training on
-        # it would let a candidate be judged on samples it learned from.
-        self.held_out_percent = held_out_percent
+        # The evaluation gate estimates rewards on this split (the manifest records it): training on it
+        # would let a candidate be judged on samples it learned from. None: no split (tests).
+        self.held_out = held_out
         self._seen: set[str] = set(seen_sample_ids)
         self.counts: dict[str, int] = dict.fromkeys((*DROP_REASONS, "accepted"), 0)
 
@@ -58,7 +60,7 @@ class Intake:
             return "private"
         if sample.sample_id in self._seen:
             return "duplicate"
-        if self.held_out_percent and is_held_out(sample.sample_id, self.held_out_percent):
+        if self.held_out is not None and self.held_out.holds_out(sample.sample_id):
             return "held_out"
         if self.base_policy_version - sample.policy_version > self.max_staleness:
             return "stale"

@@ -16,6 +16,9 @@ Decisions a reader must know:
   are contiguous and never overlap.
 - ``files`` maps each file of the folder (relative, ``/``-separated), except the manifest itself,
   to its sha256; :func:`verify_checkpoint` refuses a folder with a missing, extra or changed file.
+- ``held_out`` is the evaluation split (:class:`distill.samples.HeldOutRule`) the lineage never trained
+  on, so the gate can refuse a candidate judged under another split. Schema 1 manifests (written before
+  it was recorded) still read, with ``held_out`` None; the gate refuses such a candidate.
 """
 
 from __future__ import annotations
@@ -27,14 +30,16 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from distill.samples import HeldOutRule
 from learner.errors import LearnerError
 
 MANIFEST_FILE = "liveloop-manifest.json"
 """The manifest's name inside a checkpoint folder."""
 
-MANIFEST_SCHEMA_VERSION = 1
+MANIFEST_SCHEMA_VERSION = 2
+"""2 added ``held_out``; 1 is still read."""
 
 _HEX_64 = r"^[0-9a-f]{64}$"
 _CHECKPOINT_ID = r"^[a-z0-9][a-z0-9._-]{0,127}$"
@@ -97,6 +102,17 @@ class CheckpointManifest(BaseModel):
     code_version: str = Field(min_length=1)
     files: dict[str, str] = Field(min_length=1, description="relative path -> sha256 of every weight/config file.")
     created_at: AwareDatetime
+    held_out: HeldOutRule | None = Field(
+        default=None, description="The held-out split never trained on; None only in schema 1 manifests."
+    )
+
+    @model_validator(mode="after")
+    def _held_out_recorded(self) -> CheckpointManifest:
+        if self.schema_version >= 2 and self.held_out is None:
+            raise ValueError(
+                f"a schema {self.schema_version} manifest records its held_out rule (distill.samples.HeldOutRule)"
+            )
+        return self
 
 
 class CheckpointAnnouncement(BaseModel):

@@ -22,10 +22,12 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from distill.samples import HeldOutRule, HeldOutSettings
 from learner.baseline import EmaBaseline
 from learner.checkpoint import (
     CycleRecord,
     build_manifest,
+    check_lineage_held_out,
     checkpoint_id_for,
     pause_if,
     write_base_checkpoint,
@@ -73,8 +75,10 @@ BUFFER_ROUNDS = 8
 class Learner:
     """One rank of the learner. Rank 0 calls :meth:`run`, the others :meth:`follow`."""
 
-    def __init__(self, settings: LearnerSettings, engine: LearnerEngine) -> None:
+    def __init__(self, settings: LearnerSettings, engine: LearnerEngine, held_out: HeldOutRule | None = None) -> None:
         self.settings = settings
+        # The deployment's one held-out split (LIVELOOP_HELD_OUT_PERCENT), skipped by intake, named in manifests.
+        self.held_out = held_out if held_out is not None else HeldOutSettings().rule()
         self.engine = engine
         self.rank, self.world_size = engine.rank, engine.world_size
         self.data = DataDir(settings.data_dir)
@@ -186,6 +190,8 @@ class Learner:
         if newest is None and self.settings.publishes:
             self._init_base()  # the audit store and the registry need lineage version 0 before version 1
             newest = self.data.newest_checkpoint(self.settings.model_name)
+        if newest is not None:
+            check_lineage_held_out(newest, self.held_out)
         if newest is None or newest.policy_version == 0:
             base_id = newest.checkpoint_id if newest else checkpoint_id_for(self.settings.model_name, 0)
             state = fresh_state(base_id, datetime.now(UTC))
@@ -231,7 +237,7 @@ class Learner:
         from learner.publish import register_base
 
         source = None if self.settings.base_model == "tiny" else Path(self.settings.base_model)
-        folder = write_base_checkpoint(self.settings.data_dir, self.settings.model_name, source)
+        folder = write_base_checkpoint(self.settings.data_dir, self.settings.model_name, source, self.held_out)
         dsn = self.settings.dsn.get_secret_value() if self.settings.dsn else ""
         register_base(folder, mlflow_uri=self.settings.mlflow_uri or "", dsn=dsn)
         log.info("wrote and registered the base model %s", folder)
@@ -246,9 +252,7 @@ class Learner:
         self.seen_ids = list(state.seen_sample_ids)
         self.seen_versions = list(state.seen_policy_versions)
         self.seen_versions += [state.policy_version] * (len(self.seen_ids) - len(self.seen_versions))
-        self.intake = Intake(
-            state.policy_version, self.settings.max_staleness, self.seen_ids, self.settings.held_out_percent
-        )
+        self.intake = Intake(state.policy_version, self.settings.max_staleness, self.seen_ids, self.held_out)
         self.cycle = CycleRecord()
 
     # -- rounds -------------------------------------------------------------------------------
@@ -377,6 +381,7 @@ class Learner:
                 cycle=cycle,
                 positions=self.positions,
                 files=files,
+                held_out=self.held_out,
             )
 
         write_checkpoint_folder(
@@ -442,9 +447,10 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("kafka").setLevel(logging.WARNING)  # it logs every connection at INFO
     settings = LearnerSettings()
+    held_out = HeldOutSettings().rule()  # validated before the slow start, like the learner's own settings
     rank, world_size = init_distributed(settings.world_size)
     engine = LearnerEngine(settings, rank, world_size)
-    learner = Learner(settings, engine)
+    learner = Learner(settings, engine, held_out)
     signal.signal(signal.SIGTERM, learner.request_stop)
     signal.signal(signal.SIGINT, learner.request_stop)
     try:

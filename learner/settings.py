@@ -73,13 +73,8 @@ class LearnerSettings(LiveloopSettings):
     max_staleness: int = Field(
         default=4, ge=0, description="Drop samples generated more than this many policy versions before ours."
     )
-    held_out_percent: int = Field(
-        default=10,
-        ge=0,
-        le=100,
-        description="Never train on this share of samples (distill.samples.is_held_out): the gate evaluates on them. "
-        "Must equal the gate's LIVELOOP_GATE_HELD_OUT_PERCENT.",
-    )
+    # The held-out share is not a learner setting: it is the deployment's one LIVELOOP_HELD_OUT_PERCENT
+    # (distill.samples.HeldOutSettings), shared with the gate.
 
     # -- the loss -----------------------------------------------------------------------------
     is_cap: float = Field(default=2.0, gt=0, description="c in the truncated importance weight min(pi/mu, c).")
@@ -138,7 +133,6 @@ class LearnerSettings(LiveloopSettings):
             "round_samples",
             "token_budget",
             "max_staleness",
-            "held_out_percent",
             "is_cap",
             "clip_eps",
             "kl_coef",

@@ -3,7 +3,8 @@
 For one announced candidate, in one MLflow run (experiment ``liveloop-gate``):
 
 1. sanity: the candidate's and the champion's folders match their manifests' sha256 and hold no
-   NaN/Inf weight (a failure rejects at once, nothing is loaded);
+   NaN/Inf weight, and the candidate's manifest records the gate's own held-out rule (a failure rejects
+   at once, nothing is loaded);
 2. off-policy reward estimate on held-out logged samples for both (:mod:`serving.offpolicy`: SNIS,
    truncated weights, paired bootstrap interval of the difference, ESS);
 3. mean KL(candidate || champion) on the held-out sequences and the suite's prompts;
@@ -15,9 +16,10 @@ For one announced candidate, in one MLflow run (experiment ``liveloop-gate``):
    ``promotions`` row, event); ``hold`` waits for an operator.
 
 Held-out samples are read from the PostgreSQL ``samples`` table (the archive the distiller writes),
-not from the topic: the table holds every sample for as long as the audit store keeps it and can be
-filtered by the held-out predicate in SQL. The predicate, :func:`is_held_out`, must be the one the
-learner's intake skips, or the gate would score samples the candidate trained on.
+not from the topic: the table holds every sample for as long as the audit store keeps it. The split is
+:class:`distill.samples.HeldOutRule` (one setting, one hash rule in Python, never restated in SQL); a
+candidate whose manifest names another rule skipped another split, so the gate would score it on samples
+it trained on: it is refused, and the refusal recorded like any failed sanity check.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ import psycopg
 from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 
-from distill.samples import Sample, is_held_out, parse_sample
+from distill.samples import HeldOutRule, Sample, parse_sample
 from infra.registry import CHAMPION, AliasNotSet, Registry, RegistryError
 from learner.manifest import CheckpointAnnouncement, CheckpointManifest
 from learner.publish import PublishError, record_checkpoint
@@ -79,7 +81,7 @@ class Gate:
         promoter: Promoter,
         policy: GatePolicy,
         suite: Suite,
-        held_out_percent: int = 10,
+        held_out: HeldOutRule,
         max_held_out: int = 2000,
         work_dir: Path | None = None,
     ) -> None:
@@ -89,7 +91,7 @@ class Gate:
         self.promoter = promoter
         self.policy = policy
         self.suite = suite
-        self.held_out_percent = held_out_percent
+        self.held_out = held_out
         self.max_held_out = max_held_out
         self.work_dir = work_dir
 
@@ -97,15 +99,27 @@ class Gate:
 
     def held_out_samples(self) -> list[Sample]:
         """The newest held-out samples (at most ``max_held_out``), private ones excluded, oldest first."""
-        # lpad to 16 hex digits makes the bit(64) -> bigint cast read the 8 digits as an unsigned number.
-        query = (
-            "SELECT body FROM samples WHERE ('x' || lpad(substr(sample_id, 1, 8), 16, '0'))::bit(64)::bigint "
-            "%% 100 < %s ORDER BY created_at DESC, sample_id LIMIT %s"
-        )
+        # The rule is applied here, in Python, to the ids alone, newest first, read in pages by a server-side
+        # cursor until enough are held out; only the chosen samples' bodies are fetched. That reads about
+        # max_held_out * 100 / percent short ids once per evaluation (hours apart): cheap, and no second copy
+        # of the hash rule in SQL that could drift from the learner's.
+        if self.held_out.percent == 0:
+            return []
+        chosen: list[str] = []
         with psycopg.connect(self.dsn) as conn:
-            rows = conn.execute(query, (self.held_out_percent, self.max_held_out)).fetchall()
-        samples = [parse_sample(json.dumps(row[0])) for row in reversed(rows)]
-        return [s for s in samples if not s.privacy_mode and is_held_out(s.sample_id, self.held_out_percent)]
+            with conn.cursor(name="liveloop_gate_held_out") as ids:
+                ids.itersize = 10_000
+                ids.execute("SELECT sample_id FROM samples ORDER BY created_at DESC, sample_id")
+                for (sample_id,) in ids:
+                    if self.held_out.holds_out(sample_id):
+                        chosen.append(sample_id)
+                        if len(chosen) == self.max_held_out:
+                            break
+            rows = conn.execute(
+                "SELECT body FROM samples WHERE sample_id = ANY(%s) ORDER BY created_at, sample_id DESC", (chosen,)
+            ).fetchall()
+        samples = [parse_sample(json.dumps(row[0])) for row in rows]
+        return [s for s in samples if not s.privacy_mode]
 
     def reward_by_version(self) -> dict[int, tuple[int, float]]:
         """policy version -> (samples, mean reward) over every sample: the canary's outcome per arm."""
@@ -150,6 +164,13 @@ class Gate:
                     f"model version {a.model_version} holds {manifest.checkpoint_id} "
                     f"(policy {manifest.policy_version}), "
                     f"not the announced {a.checkpoint_id} (policy {a.policy_version})"
+                )
+            if manifest.held_out != self.held_out:
+                recorded = manifest.held_out.describe() if manifest.held_out else "no rule (a schema 1 manifest)"
+                problems.append(
+                    f"candidate: trained with held-out split {recorded}, but the gate scores on "
+                    f"{self.held_out.describe()} (LIVELOOP_HELD_OUT_PERCENT, distill.samples.HELD_OUT_RULE_VERSION); "
+                    "it could be scored on samples it trained on: retrain it, or run the gate with its split"
                 )
         except CheckpointRefused as exc:
             problems.append(f"candidate: {exc}")

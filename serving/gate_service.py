@@ -17,6 +17,7 @@ from typing import Any
 from kafka import KafkaConsumer, OffsetAndMetadata
 from pydantic import ValidationError
 
+from distill.samples import HeldOutRule, HeldOutSettings
 from infra.registry import Registry
 from learner.manifest import CheckpointAnnouncement
 from serving.errors import ServingError
@@ -32,8 +33,11 @@ log = logging.getLogger(__name__)
 class GateService:
     """Consumes announcements and runs the gate on each (see the module docstring)."""
 
-    def __init__(self, settings: GateSettings, policy: GatePolicy | None = None) -> None:
+    def __init__(
+        self, settings: GateSettings, policy: GatePolicy | None = None, held_out: HeldOutRule | None = None
+    ) -> None:
         self.settings = settings
+        self.held_out = held_out if held_out is not None else HeldOutSettings().rule()
         self.policy = policy or (load_policy(settings.policy_path) if settings.policy_path else GatePolicy())
         self.suite = load_suite(settings.suite_path)
         self.registry = Registry(settings.mlflow_url)
@@ -67,7 +71,7 @@ class GateService:
             promoter=promoter,
             policy=self.policy,
             suite=self.suite,
-            held_out_percent=s.held_out_percent,
+            held_out=self.held_out,
             max_held_out=s.max_held_out,
             work_dir=s.work_dir,
         )
@@ -130,7 +134,7 @@ def main() -> int:
         settings = GateSettings()  # type: ignore[call-arg]  # the DSN comes from the environment
         service = GateService(settings)
     except (ValidationError, ServingError) as exc:
-        log.error("invalid gate settings (LIVELOOP_GATE_*), policy or suite:\n%s", exc)
+        log.error("invalid gate settings (LIVELOOP_GATE_*, LIVELOOP_HELD_OUT_PERCENT), policy or suite:\n%s", exc)
         return 2
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: service.stopping.set())

@@ -215,9 +215,8 @@ class GateSettings(LiveloopSettings):
     mlflow_url: MlflowUrl = MLFLOW_URL_DEFAULT
     policy_path: Path | None = Field(default=None, description="Gate policy YAML/JSON; unset: GatePolicy defaults.")
     suite_path: Path = Field(default=DEFAULT_SUITE, description="The regression suite YAML/JSON.")
-    held_out_percent: int = Field(
-        default=10, ge=1, le=50, description="Samples with int(sample_id[:8], 16) % 100 below this are held out."
-    )
+    # The held-out share is the deployment's one LIVELOOP_HELD_OUT_PERCENT (distill.samples.HeldOutSettings),
+    # shared with the learner: two settings could differ and score a candidate on its training samples.
     max_held_out: int = Field(default=2000, ge=10, le=1_000_000, description="Newest held-out samples scored.")
     work_dir: Path | None = Field(default=None, description="Scratch space for downloads; unset: the system's temp.")
     poll_timeout_ms: int = Field(default=1000, ge=10, le=60_000)

@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from distill.samples import HeldOutRule
 from infra.migrations import migrate
 from infra.stack import Endpoints
 from learner.baseline import EmaBaseline
@@ -183,6 +184,7 @@ def _checkpoint_once(
             cycle=CycleRecord(),
             positions={},
             files=files,
+            held_out=HeldOutRule(percent=10),
         )
 
     folder = write_checkpoint_folder(data, checkpoint_id, engine.save_pretrained, settings, manifest_for)

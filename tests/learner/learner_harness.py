@@ -72,7 +72,7 @@ def learner_env(
             "LIVELOOP_LEARNER_MODEL_NAME": "test-policy",
             "LIVELOOP_LEARNER_ROUND_SAMPLES": "8",
             "LIVELOOP_LEARNER_MIN_SAMPLES": "8",
-            "LIVELOOP_LEARNER_HELD_OUT_PERCENT": "0",  # exact counts per phase; the split has its own test
+            "LIVELOOP_HELD_OUT_PERCENT": "0",  # exact counts per phase; the split has its own test
             "LIVELOOP_LEARNER_CHECKPOINT_INTERVAL_S": "0",
             "LIVELOOP_LEARNER_TOKEN_BUDGET": "30",
             "LIVELOOP_LEARNER_LR": "0.001",

@@ -14,6 +14,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from distill.samples import HELD_OUT_RULE_VERSION, HeldOutRule
 from learner.checkpoint import CycleRecord, build_manifest, checkpoint_id_for, write_checkpoint_folder
 from learner.engine import LearnerEngine, StepBatch, init_distributed, step_seed
 from learner.manifest import verify_checkpoint
@@ -60,6 +61,7 @@ def _write(engine: LearnerEngine, data: DataDir, version: int) -> Path:
             cycle=CycleRecord(),
             positions={},
             files=files,
+            held_out=HeldOutRule(percent=15),
         )
 
     data.make()
@@ -78,6 +80,8 @@ def test_a_written_checkpoint_reloads_with_from_pretrained_to_the_same_logits(
     folder = _write(engine, DataDir(tmp_path), 1)
     manifest = verify_checkpoint(folder)
     assert manifest.format == "full"
+    assert manifest.held_out == HeldOutRule(percent=15, rule_version=HELD_OUT_RULE_VERSION)  # what intake skipped
+    assert manifest.training_config["held_out"] == {"percent": 15, "rule_version": HELD_OUT_RULE_VERSION}
     assert {"model.safetensors", "config.json", "tokenizer_config.json"} <= set(manifest.files)
     assert not list((tmp_path / "checkpoints").glob(".tmp-*"))
     reloaded = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()

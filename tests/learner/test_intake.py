@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from prometheus_client import REGISTRY
 
-from distill.samples import is_held_out
+from distill.samples import HeldOutRule, is_held_out
 from learner.intake import Intake, pack_batches, recent_seen, sample_tokens
 from tests.learner.sample_factory import make_sample
 
@@ -61,7 +61,7 @@ def test_dropped_samples_are_not_remembered_and_the_base_moves() -> None:
 
 
 def test_the_gates_held_out_split_is_never_trained_on() -> None:
-    intake = Intake(base_policy_version=0, max_staleness=0, held_out_percent=10)
+    intake = Intake(base_policy_version=0, max_staleness=0, held_out=HeldOutRule(percent=10))
     samples = [make_sample(i) for i in range(400)]
     reasons = [intake.admit(sample) for sample in samples]
     held_out = [s for s in samples if is_held_out(s.sample_id, 10)]

@@ -9,6 +9,7 @@ import psycopg
 import pytest
 from kafka import KafkaConsumer
 
+from distill.samples import HeldOutRule
 from infra.migrations import migrate
 from infra.registry import CANDIDATE, CHAMPION, Registry
 from infra.stack import Endpoints
@@ -43,6 +44,7 @@ def _checkpoint(
         code_version="test",
         files=hash_folder(folder),
         created_at=now_utc(),
+        held_out=HeldOutRule(percent=10),
     )
     write_manifest(folder, manifest)
     return manifest

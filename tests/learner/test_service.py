@@ -219,13 +219,11 @@ def test_two_ranks_zero2_over_gloo_run_a_full_cycle_to_a_registered_checkpoint(
     consumed = verify_checkpoint(data_dir / "checkpoints" / checkpoint_id).consumed
     init_distributed(1)
     one = LearnerEngine(
-        LearnerSettings(
-            data_dir=tmp_path / "one", model_name=model_name, lr=1e-3, token_budget=30, threads=1, held_out_percent=0
-        ),
+        LearnerSettings(data_dir=tmp_path / "one", model_name=model_name, lr=1e-3, token_budget=30, threads=1),
         rank=0,
         world_size=1,
     )
-    intake = Intake(base_policy_version=0, max_staleness=4, held_out_percent=0)
+    intake = Intake(base_policy_version=0, max_staleness=4)
     records = read_ranges(endpoints.kafka_bootstrap, consumed)
     admitted = [r.sample for r in records if r.sample is not None and intake.admit(r.sample) is None]
     for step, batch in enumerate(plan_round(admitted, EmaBaseline(0.9), token_budget=30)):

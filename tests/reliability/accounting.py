@@ -15,7 +15,7 @@ from typing import Any
 import psycopg
 from kafka import KafkaConsumer, TopicPartition
 
-from distill.samples import is_held_out, parse_sample
+from distill.samples import HeldOutRule, HeldOutSettings, parse_sample
 from learner.settings import LearnerSettings
 from tests.reliability.traffic import ServedRecord
 
@@ -174,6 +174,7 @@ def _rederive_intake(
     trainable: set[str] = set()
     reasons: dict[str, int] = defaultdict(int)
     seen: set[str] = set()
+    held_out = HeldOutSettings().rule()  # the deployment's one split, as the learner read it
     try:
         by_partition: dict[int, list[tuple[int, int, int]]] = defaultdict(list)
         for partition, first, last, policy in spans:
@@ -190,7 +191,7 @@ def _rederive_intake(
                 policy = policy_at.get(record.offset)
                 if policy is None:
                     continue
-                reason = _drop_reason(record.value, seen, policy - 1, learner)
+                reason = _drop_reason(record.value, seen, policy - 1, learner, held_out)
                 reasons[reason or "trained"] += 1
                 if reason is None:
                     trainable.add(parse_sample(record.value).sample_id)
@@ -199,7 +200,9 @@ def _rederive_intake(
     return trainable, reasons
 
 
-def _drop_reason(value: bytes, seen: set[str], base_policy: int, learner: LearnerSettings) -> str | None:
+def _drop_reason(
+    value: bytes, seen: set[str], base_policy: int, learner: LearnerSettings, held_out: HeldOutRule
+) -> str | None:
     try:
         sample = parse_sample(value)
     except ValueError:
@@ -208,7 +211,7 @@ def _drop_reason(value: bytes, seen: set[str], base_policy: int, learner: Learne
         return "private"
     if sample.sample_id in seen:
         return "duplicate"
-    if learner.held_out_percent and is_held_out(sample.sample_id, learner.held_out_percent):
+    if held_out.holds_out(sample.sample_id):
         return "held_out"
     if base_policy - sample.policy_version > learner.max_staleness:
         return "stale"

@@ -26,7 +26,7 @@ import psycopg
 import pytest
 
 from distill.replay import replay_from_database, replay_session
-from distill.samples import Sample, sample_to_json
+from distill.samples import HeldOutRule, Sample, sample_to_json
 from distill.sink import AuditSink
 from distill.spec import load_spec
 from infra.registry import CHAMPION
@@ -244,6 +244,7 @@ def record_checkpoints(dsn: str) -> int:
             code_version=s,
             files={"model.safetensors": "0" * 64},
             created_at=now_utc(),
+            held_out=HeldOutRule(percent=10),
         )
         if "\x00" in s:
             with pytest.raises(PublishError, match="NUL"):

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from mlflow import MlflowClient
 
+from distill.samples import HeldOutRule, HeldOutSettings
 from infra.registry import CANDIDATE, Registry
 from learner.manifest import CheckpointManifest, config_hash, hash_folder, now_utc, read_manifest, write_manifest
 from learner.publish import announce, announcement_of
@@ -27,8 +28,10 @@ def write_checkpoint(
     model: Any | None = None,
     seed: int = 0,
     parent_id: str | None = None,
+    held_out: HeldOutRule | None = None,
 ) -> CheckpointManifest:
-    """Save ``model`` (or a fresh tiny model from ``seed``) with tokenizer and a correct manifest."""
+    """Save ``model`` (or a fresh tiny model from ``seed``) with tokenizer and a correct manifest, whose
+    held-out rule is ``held_out`` (default: the deployment's, as the gate reads it)."""
     folder.mkdir(parents=True, exist_ok=True)
     (model if model is not None else build_tiny_model(TinyModelSpec(seed=seed))).save_pretrained(
         folder, safe_serialization=True
@@ -47,6 +50,7 @@ def write_checkpoint(
         code_version="test",
         files=hash_folder(folder),
         created_at=now_utc(),
+        held_out=held_out if held_out is not None else HeldOutSettings().rule(),
     )
     write_manifest(folder, manifest)
     return manifest

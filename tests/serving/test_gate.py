@@ -24,7 +24,7 @@ import psycopg
 import pytest
 import torch
 
-from distill.samples import Sample, is_held_out, sample_id_for, sample_to_json
+from distill.samples import HELD_OUT_RULE_VERSION, HeldOutRule, Sample, is_held_out, sample_id_for, sample_to_json
 from infra.migrations import migrate
 from infra.registry import CHAMPION, Registry
 from infra.stack import Endpoints
@@ -39,6 +39,7 @@ from tests.serving.checkpoints import nan_model, write_checkpoint
 
 SPEC_HASH = "ab" * 32
 HELD_OUT_PERCENT = 50
+RULE = HeldOutRule(percent=HELD_OUT_PERCENT)
 
 
 def _encode(text: str) -> list[int]:
@@ -147,7 +148,7 @@ def test_gate_rejects_degraded_and_nan_and_promotes_better(
     _store(fresh_database, samples)
     held_out = sum(is_held_out(s.sample_id, HELD_OUT_PERCENT) for s in samples)
 
-    write_checkpoint(tmp_path / "base", model_name=name, policy_version=0, model=champion)
+    write_checkpoint(tmp_path / "base", model_name=name, policy_version=0, model=champion, held_out=RULE)
     assert register_base(tmp_path / "base", mlflow_uri=endpoints.mlflow_url, dsn=fresh_database) == 1
     published = {}
     candidates = (
@@ -157,7 +158,7 @@ def test_gate_rejects_degraded_and_nan_and_promotes_better(
         (4, "better", better),
     )
     for policy, label, model in candidates:
-        write_checkpoint(tmp_path / label, model_name=name, policy_version=policy, model=model)
+        write_checkpoint(tmp_path / label, model_name=name, policy_version=policy, model=model, held_out=RULE)
         published[label] = publish_checkpoint(
             tmp_path / label,
             dsn=fresh_database,
@@ -175,11 +176,10 @@ def test_gate_rejects_degraded_and_nan_and_promotes_better(
         group_id=f"gate-{uuid.uuid4().hex[:6]}",
         dsn=fresh_database,
         mlflow_url=endpoints.mlflow_url,
-        held_out_percent=HELD_OUT_PERCENT,
         work_dir=tmp_path,
     )
     policy = GatePolicy(version="test", max_kl=2.0, min_ess=10, min_held_out_samples=20, auto_promote=True)
-    service = GateService(settings, policy)
+    service = GateService(settings, policy, held_out=RULE)
     results = []
     try:
         while len(results) < 4:
@@ -249,6 +249,85 @@ def test_gate_rejects_degraded_and_nan_and_promotes_better(
     version = registry.client.get_model_version(name, str(published["degraded"].model_version))
     assert version.tags["liveloop.gate_decision"] == "reject"
     assert version.tags["liveloop.status"] == "rejected"
+
+
+def test_gate_refuses_a_candidate_trained_with_another_held_out_rule(
+    endpoints: Endpoints, fresh_database: str, make_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    """A candidate whose manifest names another held-out share, or another version of the hash rule, skipped
+    another split: scored on the gate's, it would be judged on samples it trained on. The gate refuses it
+    without loading it, recorded as every refusal is (evaluations row, MLflow run and tags, promotions history)."""
+    migrate(fresh_database)
+    name = f"test-gate-rule-{uuid.uuid4().hex[:8]}"
+    checkpoints, promotions, samples_topic = make_topic(), make_topic(), make_topic()
+    write_checkpoint(tmp_path / "base", model_name=name, policy_version=0, held_out=RULE)
+    assert register_base(tmp_path / "base", mlflow_uri=endpoints.mlflow_url, dsn=fresh_database) == 1
+    other_share = HeldOutRule(percent=20)
+    other_version = HeldOutRule(percent=HELD_OUT_PERCENT, rule_version=HELD_OUT_RULE_VERSION + 1)
+    published = []
+    for policy, rule in ((1, other_share), (2, other_version)):
+        write_checkpoint(tmp_path / str(policy), model_name=name, policy_version=policy, held_out=rule)
+        published.append(
+            publish_checkpoint(
+                tmp_path / str(policy),
+                dsn=fresh_database,
+                mlflow_uri=endpoints.mlflow_url,
+                bootstrap=endpoints.kafka_bootstrap,
+                checkpoints_topic=checkpoints,
+                samples_topic=samples_topic,
+                sample_ids=(),
+            )
+        )
+    settings = GateSettings(
+        bootstrap=endpoints.kafka_bootstrap,
+        checkpoints_topic=checkpoints,
+        promotions_topic=promotions,
+        group_id=f"gate-{uuid.uuid4().hex[:6]}",
+        dsn=fresh_database,
+        mlflow_url=endpoints.mlflow_url,
+        work_dir=tmp_path,
+    )
+    service = GateService(settings, GatePolicy(version="test", auto_promote=True), held_out=RULE)
+    results = []
+    try:
+        while len(results) < 2:
+            results += service.run_once()
+    finally:
+        service.consumer.close()
+
+    gate_rule = f"but the gate scores on {HELD_OUT_PERCENT} % (rule v{HELD_OUT_RULE_VERSION})"
+    expected = [
+        f"FAIL sanity: candidate: trained with held-out split 20 % (rule v{HELD_OUT_RULE_VERSION}), {gate_rule}",
+        f"FAIL sanity: candidate: trained with held-out split {HELD_OUT_PERCENT} % "
+        f"(rule v{HELD_OUT_RULE_VERSION + 1}), {gate_rule}",
+    ]
+    for result, reason in zip(results, expected, strict=True):
+        assert result.decision == "reject"
+        assert len(result.reasons) == 1, result.reasons
+        assert result.reasons[0].startswith(reason), result.reasons
+        assert not result.metrics.sanity_ok  # refused before anything was loaded
+        assert result.suite is None
+    with psycopg.connect(fresh_database) as conn:
+        evaluations = conn.execute(
+            "SELECT checkpoint_id, decision, reasons, mlflow_run_id FROM evaluations ORDER BY decided_at"
+        ).fetchall()
+        history = conn.execute(
+            "SELECT action, to_version, actor, evaluation_id, reason FROM promotions ORDER BY id"
+        ).fetchall()
+    assert [(e[0], e[1], e[2]) for e in evaluations] == [
+        (p.checkpoint_id, "reject", r.reasons) for p, r in zip(published, results, strict=True)
+    ]
+    assert [h[:4] for h in history[1:]] == [
+        ("reject", p.model_version, "gate", r.evaluation_id) for p, r in zip(published, results, strict=True)
+    ]
+    assert all("held-out split" in h[4] for h in history[1:])
+    registry = Registry(endpoints.mlflow_url)
+    for p, r, e in zip(published, results, evaluations, strict=True):
+        assert e[3] == r.run_id
+        assert registry.client.get_run(r.run_id).data.tags["liveloop.decision"] == "reject"
+        version = registry.client.get_model_version(name, str(p.model_version))
+        assert (version.tags["liveloop.gate_decision"], version.tags["liveloop.status"]) == ("reject", "rejected")
+    assert int(registry.version_by_alias(name, CHAMPION).version) == 1
 
 
 def test_policy_decisions_hold_without_auto_promote_and_nan_never_passes() -> None:
