@@ -27,6 +27,7 @@ from infra.migrations import migrate
 from infra.registry import CHAMPION, Registry
 from infra.stack import Endpoints
 from learner.logprobs import completion_logprobs
+from learner.manifest import BASE_POLICY_VERSION
 from learner.publish import publish_checkpoint, register_base
 from learner.tiny_model import TinyModelSpec, build_tiny_model, byte_tokenizer
 from serving.gate_policy import GateMetrics, GatePolicy, decide
@@ -141,10 +142,10 @@ def test_gate_rejects_degraded_and_nan_and_promotes_better(
     _store(fresh_database, samples)
     held_out = sum(is_held_out(s.sample_id, HELD_OUT_PERCENT) for s in samples)
 
-    write_checkpoint(tmp_path / "base", model_name=name, policy_version=0, model=champion)
+    write_checkpoint(tmp_path / "base", model_name=name, policy_version=BASE_POLICY_VERSION, model=champion)
     assert register_base(tmp_path / "base", mlflow_uri=endpoints.mlflow_url, dsn=fresh_database) == 1
     published = {}
-    for policy, label, model in ((1, "degraded", degraded), (2, "nan", nan_model()), (3, "better", better)):
+    for policy, label, model in ((2, "degraded", degraded), (3, "nan", nan_model()), (4, "better", better)):
         write_checkpoint(tmp_path / label, model_name=name, policy_version=policy, model=model)
         published[label] = publish_checkpoint(
             tmp_path / label,
@@ -155,6 +156,7 @@ def test_gate_rejects_degraded_and_nan_and_promotes_better(
             samples_topic=samples_topic,
             sample_ids=(),
         )
+        assert (published[label].policy_version, published[label].model_version) == (policy, policy)
 
     settings = GateSettings(
         bootstrap=endpoints.kafka_bootstrap,
