@@ -52,6 +52,24 @@ class Registry:
             raise RegistryError(f"registering {artifact_path} of run {run_id} as {name} failed: {exc}") from exc
         return int(version.version)
 
+    def newest_version(self, name: str) -> int:
+        """The highest version number of ``name`` the registry shows (0 if it has none or does not exist).
+
+        A deleted version is not shown, yet MLflow's SQL store never hands its number out again (it
+        assigns the highest number ever used plus one), so the next version may still be above this plus one.
+        """
+        try:
+            found = self.client.search_model_versions(
+                f"name = '{name}'", max_results=1, order_by=["version_number DESC"]
+            )
+        except RestException as exc:
+            if exc.error_code == "RESOURCE_DOES_NOT_EXIST":
+                return 0
+            raise RegistryError(f"reading the versions of {name} failed: {exc}") from exc
+        except MlflowException as exc:
+            raise RegistryError(f"reading the versions of {name} failed: {exc}") from exc
+        return int(found[0].version) if found else 0
+
     def require_version(self, name: str, version: int) -> None:
         """RegistryError unless ``name`` has a version ``version`` (one request)."""
         try:

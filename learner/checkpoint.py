@@ -19,6 +19,7 @@ from typing import Any
 
 from distill.samples import HeldOutRule, HeldOutSettings
 from learner.manifest import (
+    BASE_POLICY_VERSION,
     CheckpointManifest,
     OffsetRange,
     RewardStats,
@@ -36,6 +37,13 @@ log = logging.getLogger(__name__)
 def checkpoint_id_for(model_name: str, policy_version: int) -> str:
     """``<model_name>-v<policy_version:05d>``, lower-cased (the manifest's id pattern)."""
     return f"{model_name}-v{policy_version:05d}".lower()
+
+
+def next_policy_version(last_policy_version: int, registry_newest: int) -> int:
+    """The version of the checkpoint written next: its parent's plus one, or the registry's newest version
+    of the model plus one if that is higher, so that it is the number MLflow will assign when the
+    checkpoint is registered (MLflow numbers a model's versions 1, 2, 3... in the order they are registered)."""
+    return max(last_policy_version + 1, registry_newest + 1)
 
 
 def code_version() -> str:
@@ -199,7 +207,7 @@ def write_checkpoint_folder(
 def write_base_checkpoint(
     data_dir: Path, model_name: str, source: Path | None = None, held_out: HeldOutRule | None = None
 ) -> Path:
-    """Write lineage version 0 as ``<data_dir>/checkpoints/<model_name>-v00000/``: the tiny Llama
+    """Write the base model, version 1, as ``<data_dir>/checkpoints/<model_name>-v00001/``: the tiny Llama
     (``source`` None) or a copy of the Hugging Face folder ``source``, with its manifest, which records
     ``held_out`` (default: the deployment's :class:`distill.samples.HeldOutSettings`). Idempotent: an
     existing, verified base folder is returned as it is."""
@@ -209,7 +217,7 @@ def write_base_checkpoint(
 
     data = DataDir(data_dir)
     data.make()
-    checkpoint_id = checkpoint_id_for(model_name, 0)
+    checkpoint_id = checkpoint_id_for(model_name, BASE_POLICY_VERSION)
     final = data.checkpoint(checkpoint_id)
     if final.exists():
         verify_checkpoint(final)
@@ -228,7 +236,7 @@ def write_base_checkpoint(
         checkpoint_id=checkpoint_id,
         model_name=model_name,
         base_model=label,
-        policy_version=0,
+        policy_version=BASE_POLICY_VERSION,
         step=0,
         sample_count=0,
         training_config=training_config,

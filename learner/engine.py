@@ -139,7 +139,7 @@ def _free_port() -> int:
 
 
 def base_model_label(base_model: str) -> str:
-    """How manifests name lineage version 0: ``tiny-llama:<spec hash>`` or the folder's absolute path."""
+    """How manifests name the base model (version 1): ``tiny-llama:<spec hash>`` or the folder's absolute path."""
     if base_model == "tiny":
         return f"tiny-llama:{config_hash(TinyModelSpec().model_dump())[:16]}"
     return str(Path(base_model).resolve())

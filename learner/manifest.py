@@ -6,10 +6,13 @@ no MLflow, so that a reader can check a checkpoint folder without loading a mode
 
 Decisions a reader must know:
 
-- ``policy_version`` is the learner's own counter: the base model is 0, each checkpoint is its
-  parent's plus one. It is what serving reports with every completion and what samples carry, so
-  staleness is a subtraction. The MLflow model version is separate (it also counts rejected
-  uploads) and is recorded in the announcement, not in the manifest, which is written before it exists.
+- ``policy_version`` is the one number that names a checkpoint everywhere: it *is* the checkpoint's
+  MLflow model version. The base model is version 1 (:data:`BASE_POLICY_VERSION`), MLflow version 1 of a
+  fresh registered model; each later checkpoint takes its parent's number plus one, or the registry's
+  newest version plus one if that is higher (:mod:`learner.checkpoint`), so that it equals the version
+  MLflow assigns when the checkpoint is registered; publishing refuses a checkpoint whose registered version
+  differs (:mod:`learner.publish`). It is what serving reports with every completion, what samples carry
+  (so staleness is a subtraction), what ``liveloop promote N`` takes and what the promotion history shows.
 - ``positions`` are the *next* offsets to read, per partition of the samples topic, after this
   checkpoint: a restarted learner seeks there, never to a committed group offset that may run ahead.
   ``consumed`` are the offset ranges this checkpoint itself read (inclusive); across a lineage they
@@ -40,6 +43,9 @@ MANIFEST_FILE = "liveloop-manifest.json"
 
 MANIFEST_SCHEMA_VERSION = 2
 """2 added ``held_out``; 1 is still read."""
+
+BASE_POLICY_VERSION = 1
+"""The base model's version: MLflow version 1 of its registered model, so the two numbers are one."""
 
 _HEX_64 = r"^[0-9a-f]{64}$"
 _CHECKPOINT_ID = r"^[a-z0-9][a-z0-9._-]{0,127}$"
@@ -83,8 +89,10 @@ class CheckpointManifest(BaseModel):
     checkpoint_id: str = Field(pattern=_CHECKPOINT_ID)
     parent_id: str | None = Field(default=None, description="The checkpoint this one was trained from.")
     model_name: str = Field(pattern=MODEL_NAME_PATTERN, description="The MLflow registered model of this lineage.")
-    base_model: str = Field(min_length=1, description="What lineage version 0 was: a folder or 'tiny-llama:<hash>'.")
-    policy_version: int = Field(ge=0)
+    base_model: str = Field(
+        min_length=1, description="What the lineage's base (version 1) was: a folder or 'tiny-llama:<hash>'."
+    )
+    policy_version: int = Field(ge=0, description="The checkpoint's version, which is also its MLflow model version.")
     format: Literal["full", "lora"] = "full"
     step: int = Field(ge=0, description="Optimizer steps taken in the whole lineage, this checkpoint included.")
     sample_count: int = Field(ge=0)
@@ -121,10 +129,12 @@ class CheckpointAnnouncement(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     checkpoint_id: str = Field(pattern=_CHECKPOINT_ID)
-    policy_version: int = Field(ge=0)
+    policy_version: int = Field(ge=0, description="The checkpoint's version; equal to model_version.")
     parent_id: str | None = None
     model_name: str = Field(pattern=MODEL_NAME_PATTERN)
-    model_version: int = Field(ge=1, description="The MLflow model version holding the folder.")
+    model_version: int = Field(
+        ge=1, description="The MLflow model version holding the folder: the same number as policy_version."
+    )
     run_id: str = Field(description="The MLflow run that logged the training metrics and artifacts.")
     sample_count: int = Field(ge=0)
     manifest_sha256: str = Field(pattern=_HEX_64)

@@ -13,7 +13,7 @@ import shutil
 import time
 
 from learner.errors import LearnerError
-from learner.manifest import MANIFEST_FILE, read_manifest
+from learner.manifest import BASE_POLICY_VERSION, MANIFEST_FILE, read_manifest
 from learner.metrics import PUBLISH_FAILURES
 from learner.settings import LearnerSettings
 from learner.state import TEMP_PREFIX, DataDir, read_state
@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 
 
 class PublishOutbox:
-    """The ids of complete, unpublished checkpoints (policy version >= 1), oldest first."""
+    """The ids of complete, unpublished checkpoints (the base model's excepted), oldest first."""
 
     def __init__(self, settings: LearnerSettings, data: DataDir) -> None:
         self.settings = settings
@@ -39,7 +39,8 @@ class PublishOutbox:
             if self.data.published_marker(folder.name).exists():
                 continue
             manifest = read_manifest(folder)
-            if manifest.policy_version >= 1 and manifest.model_name == self.settings.model_name:
+            # The base is registered by init-base (register_base), never announced as a candidate.
+            if manifest.policy_version > BASE_POLICY_VERSION and manifest.model_name == self.settings.model_name:
                 found.append((manifest.policy_version, folder.name))
         self.pending = [name for _, name in sorted(found)] if self.settings.publishes else []
 
@@ -77,7 +78,9 @@ class PublishOutbox:
             temporary.write_text(announcement.model_dump_json(indent=1), encoding="utf-8")
             temporary.replace(marker)
             self.pending.pop(0)
-            log.info("published %s as %s v%d", checkpoint_id, announcement.model_name, announcement.model_version)
+            log.info(
+                "published %s as %s version %d", checkpoint_id, announcement.model_name, announcement.model_version
+            )
 
     def prune_states(self, newest_policy_version: int) -> None:
         """Delete training states older than the newest two, once their checkpoint is published (or

@@ -10,7 +10,10 @@ them simply calls :func:`publish_checkpoint` again after its restart:
 2. MLflow: one run per checkpoint, found again by its ``liveloop.checkpoint_id`` tag, holding the
    training metrics and the folder as artifacts; the tag ``liveloop.artifacts`` = ``complete`` is set
    only after the upload, so a crash mid-upload uploads again.
-3. The model version of that run (found again by ``run_id``), with alias ``candidate``.
+3. The model version of that run (found again by ``run_id``), with alias ``candidate``. Its number must be
+   the manifest's ``policy_version`` (the one number that names the checkpoint everywhere): publishing
+   refuses to register when the registry already holds that number or a higher one, and fails when
+   MLflow assigned another number (a version registered into the model by something else meanwhile).
 4. The announcement on the checkpoints topic, keyed by checkpoint id. The gate dedupes on the id, so a
    repeated announcement after a crash is harmless.
 """
@@ -29,9 +32,10 @@ from mlflow import MlflowClient
 from mlflow.entities import RunStatus
 from mlflow.exceptions import MlflowException
 
-from infra.registry import CANDIDATE, CHAMPION, AliasNotSet, Registry
+from infra.registry import CANDIDATE, CHAMPION, AliasNotSet, Registry, RegistryError
 from learner.errors import LearnerError
 from learner.manifest import (
+    BASE_POLICY_VERSION,
     MANIFEST_FILE,
     CheckpointAnnouncement,
     CheckpointManifest,
@@ -45,6 +49,8 @@ EXPERIMENT = "liveloop-learner"
 ARTIFACT_PATH = "checkpoint"
 CHECKPOINT_TAG = "liveloop.checkpoint_id"
 ARTIFACTS_TAG = "liveloop.artifacts"
+VERSION_TAG = "liveloop.policy_version"
+"""Tag on the run and the model version: the checkpoint's version (equal to the model version's number)."""
 
 
 class PublishError(LearnerError):
@@ -75,7 +81,7 @@ def publish_checkpoint(
     try:
         client.set_registered_model_alias(manifest.model_name, CANDIDATE, str(version))
     except MlflowException as exc:
-        raise PublishError(f"setting {manifest.model_name}@{CANDIDATE} -> v{version} failed: {exc}") from exc
+        raise PublishError(f"setting {manifest.model_name}@{CANDIDATE} -> version {version} failed: {exc}") from exc
     _record_version(dsn, manifest, version)
     announcement = announcement_of(folder, manifest, version, run_id)
     announce(bootstrap, checkpoints_topic, announcement)
@@ -98,11 +104,14 @@ def announcement_of(folder: Path, manifest: CheckpointManifest, version: int, ru
 
 
 def register_base(folder: Path, *, mlflow_uri: str, dsn: str, actor: str = "liveloop learner init-base") -> int:
-    """Register the base model folder (policy version 0) as a model version and make it ``champion``
-    if the model has no champion yet; return its version. Idempotent."""
+    """Register the base model folder (version 1) as version 1 of its registered model and make it
+    ``champion`` if the model has no champion yet; return its version. Idempotent; PublishError if the
+    registered model already holds versions made elsewhere (the base must be its version 1)."""
     manifest = verify_checkpoint(folder)
-    if manifest.policy_version != 0:
-        raise PublishError(f"{folder} holds policy version {manifest.policy_version}; a base model must be version 0")
+    if manifest.policy_version != BASE_POLICY_VERSION:
+        raise PublishError(
+            f"{folder} holds version {manifest.policy_version}; a base model must be version {BASE_POLICY_VERSION}"
+        )
     record_checkpoint(dsn, manifest, ())
     client = MlflowClient(tracking_uri=mlflow_uri, registry_uri=mlflow_uri)
     registry = Registry(mlflow_uri)
@@ -185,7 +194,7 @@ def _log_run(client: MlflowClient, folder: Path, manifest: CheckpointManifest) -
             run = client.create_run(
                 experiment_id,
                 run_name=manifest.checkpoint_id,
-                tags={CHECKPOINT_TAG: manifest.checkpoint_id, "liveloop.policy_version": str(manifest.policy_version)},
+                tags={CHECKPOINT_TAG: manifest.checkpoint_id, VERSION_TAG: str(manifest.policy_version)},
             )
             run_id = run.info.run_id
             for key, metric in _metrics(manifest).items():
@@ -201,17 +210,39 @@ def _log_run(client: MlflowClient, folder: Path, manifest: CheckpointManifest) -
 
 
 def _register(registry: Registry, manifest: CheckpointManifest, run_id: str) -> int:
-    """The model version of the run (registered now unless it already exists)."""
+    """The model version of the run (registered now unless it already exists); PublishError unless its
+    number is the manifest's policy version."""
+    name, wanted = manifest.model_name, manifest.policy_version
     try:
-        existing = list(
-            registry.client.search_model_versions(f"name = '{manifest.model_name}' and run_id = '{run_id}'")
-        )
+        existing = list(registry.client.search_model_versions(f"name = '{name}' and run_id = '{run_id}'"))
     except MlflowException:
         existing = []  # the registered model does not exist yet
-    if existing:
-        return int(existing[0].version)
-    tags = {CHECKPOINT_TAG: manifest.checkpoint_id, "liveloop.policy_version": str(manifest.policy_version)}
-    return registry.register_folder(manifest.model_name, run_id, ARTIFACT_PATH, tags=tags)
+    if existing:  # published before a crash: the same run's version, checked again
+        return _same_number(manifest, int(existing[0].version))
+    try:
+        newest = registry.newest_version(name)
+        if newest >= wanted:  # refuse before registering: a version made now would take the wrong number
+            raise PublishError(_mismatch(manifest, newest + 1))
+        tags = {CHECKPOINT_TAG: manifest.checkpoint_id, VERSION_TAG: str(wanted)}
+        return _same_number(manifest, registry.register_folder(name, run_id, ARTIFACT_PATH, tags=tags))
+    except RegistryError as exc:
+        raise PublishError(f"registering checkpoint {manifest.checkpoint_id} in MLflow failed: {exc}") from exc
+
+
+def _same_number(manifest: CheckpointManifest, version: int) -> int:
+    """``version``, if it is the manifest's policy version; PublishError otherwise."""
+    if version != manifest.policy_version:
+        raise PublishError(_mismatch(manifest, version))
+    return version
+
+
+def _mismatch(manifest: CheckpointManifest, version: int) -> str:
+    return (
+        f"checkpoint {manifest.checkpoint_id} is version {manifest.policy_version}, but MLflow gives it "
+        f"{manifest.model_name} version {version}: something other than this learner registered versions of "
+        f"{manifest.model_name} (only the learner may), and a checkpoint's version must be its MLflow version; "
+        "set LIVELOOP_LEARNER_MODEL_NAME to a fresh registered model name"
+    )
 
 
 def _metrics(manifest: CheckpointManifest) -> dict[str, float]:

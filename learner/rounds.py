@@ -52,6 +52,12 @@ class CheckpointEntry(BaseModel):
     checkpoint_id: str
     parent: str
     after_round: int = Field(ge=0)
+    policy_version: int | None = Field(
+        default=None,
+        ge=1,
+        description="The checkpoint's version, chosen when it was journaled (it may skip numbers to match the "
+        "registry's, so a replay must not recompute it); absent in journals written before it was recorded.",
+    )
 
 
 JournalEntry = Annotated[RoundEntry | CheckpointEntry, Field(discriminator="kind")]

@@ -29,6 +29,7 @@ from learner.checkpoint import (
     build_manifest,
     check_lineage_held_out,
     checkpoint_id_for,
+    next_policy_version,
     pause_if,
     write_base_checkpoint,
     write_checkpoint_folder,
@@ -36,7 +37,7 @@ from learner.checkpoint import (
 from learner.engine import LearnerEngine, base_model_label, init_distributed
 from learner.errors import LearnerError
 from learner.intake import Intake, recent_seen
-from learner.manifest import OffsetRange
+from learner.manifest import BASE_POLICY_VERSION, OffsetRange
 from learner.metrics import (
     CHECKPOINT_SECONDS,
     CHECKPOINTS,
@@ -188,14 +189,16 @@ class Learner:
             log.warning("deleted the half-written %s", path)
         newest = self.data.newest_checkpoint(self.settings.model_name)
         if newest is None and self.settings.publishes:
-            self._init_base()  # the audit store and the registry need lineage version 0 before version 1
+            self._init_base()  # the audit store and the registry need the base (version 1) before version 2
             newest = self.data.newest_checkpoint(self.settings.model_name)
         if newest is not None:
             check_lineage_held_out(newest, self.held_out)
-        if newest is None or newest.policy_version == 0:
-            base_id = newest.checkpoint_id if newest else checkpoint_id_for(self.settings.model_name, 0)
+        if newest is None or newest.policy_version == BASE_POLICY_VERSION:
+            base_id = (
+                newest.checkpoint_id if newest else checkpoint_id_for(self.settings.model_name, BASE_POLICY_VERSION)
+            )
             state = fresh_state(base_id, datetime.now(UTC))
-            orphans = self.data.remove_orphan_states(0, None)
+            orphans = self.data.remove_orphan_states(BASE_POLICY_VERSION, None)
         else:
             folder = self.data.state_of(newest.checkpoint_id)
             if not folder.is_dir():
@@ -233,7 +236,7 @@ class Learner:
         self._housekeeping(force_lag=True)
 
     def _init_base(self) -> None:
-        """Write and register the base model as version 0 (what ``liveloop learner init-base`` does)."""
+        """Write and register the base model as version 1 (what ``liveloop learner init-base`` does)."""
         from learner.publish import register_base
 
         source = None if self.settings.base_model == "tiny" else Path(self.settings.base_model)
@@ -337,13 +340,21 @@ class Learner:
     def _checkpoint(self, replay: CheckpointEntry | None) -> None:
         started = time.monotonic()
         self.board.update(activity="checkpointing")
-        policy_version = self.last.policy_version + 1
-        checkpoint_id = checkpoint_id_for(self.settings.model_name, policy_version)
         if replay is None:
-            entry = CheckpointEntry(checkpoint_id=checkpoint_id, parent=self.last.checkpoint_id, after_round=self.round)
+            policy_version = self._next_version()
+            checkpoint_id = checkpoint_id_for(self.settings.model_name, policy_version)
+            entry = CheckpointEntry(
+                checkpoint_id=checkpoint_id,
+                parent=self.last.checkpoint_id,
+                after_round=self.round,
+                policy_version=policy_version,
+            )
             self.journal.append(entry)
-        elif replay.checkpoint_id != checkpoint_id:
-            raise StateError(f"journal says checkpoint {replay.checkpoint_id}, expected {checkpoint_id}")
+        else:  # the number chosen before the crash (a journal written before entries named it: the parent's + 1)
+            policy_version = replay.policy_version or self.last.policy_version + 1
+            checkpoint_id = checkpoint_id_for(self.settings.model_name, policy_version)
+            if replay.checkpoint_id != checkpoint_id:
+                raise StateError(f"journal says checkpoint {replay.checkpoint_id}, expected {checkpoint_id}")
         now = datetime.now(UTC)
         self.seen_ids, self.seen_versions = recent_seen(
             self.seen_ids, self.seen_versions, policy_version - self.settings.max_staleness
@@ -402,6 +413,19 @@ class Learner:
         self._report()  # /status names the checkpoint (written, not yet published) before its published marker exists
         self._publish()
         self.board.update(activity="waiting")
+
+    def _next_version(self) -> int:
+        """The next checkpoint's version: the number MLflow will give it (see ``next_policy_version``)."""
+        newest = 0
+        if self.settings.publishes:
+            from infra.registry import Registry, RegistryError
+
+            try:
+                newest = Registry(self.settings.mlflow_uri or "").newest_version(self.settings.model_name)
+            except RegistryError as exc:
+                # Publishing checks the number again and refuses a mismatch, so going on is safe.
+                log.warning("numbering from the last checkpoint: the registry could not be read (%s)", exc)
+        return next_policy_version(self.last.policy_version, newest)
 
     def _publish(self) -> None:
         self.outbox.flush()

@@ -18,7 +18,7 @@ from pathlib import Path
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 from learner.errors import LearnerError
-from learner.manifest import MANIFEST_FILE, CheckpointManifest, read_manifest
+from learner.manifest import BASE_POLICY_VERSION, MANIFEST_FILE, CheckpointManifest, read_manifest
 
 STATE_FILE = "learner-state.json"
 TEMP_PREFIX = ".tmp-"
@@ -157,7 +157,7 @@ def fresh_state(checkpoint_id: str, started_at: datetime) -> TrainingState:
     """The state of a lineage at its base model: nothing trained, positions from the earliest offsets."""
     return TrainingState(
         checkpoint_id=checkpoint_id,
-        policy_version=0,
+        policy_version=BASE_POLICY_VERSION,
         step=0,
         round=0,
         positions={},

@@ -124,12 +124,12 @@ def schema_export(directory: Annotated[Path, typer.Argument(help="Folder to writ
 
 
 def _print_status(report: dict[str, dict[str, dict[str, object]]]) -> None:
-    table = Table("kind", "name", "healthy", "address")
+    table = Table("kind", "name", "healthy", "address", "version")
     for kind in ("services", "components"):
         for name, item in report[kind].items():
             address = item.get("address") or item.get("url") or item.get("dsn") or ""
             mark = "[green]yes[/green]" if item["healthy"] else "[red]no[/red]"
-            table.add_row(kind[:-1], name, mark, str(address))
+            table.add_row(kind[:-1], name, mark, str(address), _version_of(item.get("details")))
     console.print(table)
     joins = report["components"].get("distiller", {}).get("details")
     if isinstance(joins, dict) and "unjoined_feedback" in joins:
@@ -137,6 +137,13 @@ def _print_status(report: dict[str, dict[str, dict[str, object]]]) -> None:
             f"distiller: {joins['unjoined_feedback']} feedback event(s) joined no generation (see the dead-letter "
             f"topic), {joins['generations_without_feedback']} generation(s) finalised without feedback"
         )
+
+
+def _version_of(details: object) -> str:
+    """``version N`` for a component whose status names the policy version it holds (the learner's newest
+    checkpoint), which is also that checkpoint's MLflow model version; empty otherwise."""
+    version = details.get("policy_version") if isinstance(details, dict) else None
+    return f"version {version}" if isinstance(version, int) else ""
 
 
 app.add_typer(learner_cli.app, name="learner")

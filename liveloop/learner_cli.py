@@ -27,7 +27,8 @@ def init_base(
     data_dir: Annotated[Path | None, typer.Option("--data-dir", help="The learner's data folder.")] = None,
     register: Annotated[bool, typer.Option(help="Register it in MLflow as version 1, alias champion.")] = True,
 ) -> None:
-    """Create the base model (policy version 0) with its manifest, and register it as the first champion."""
+    """Create the base model (version 1) with its manifest, and register it as version 1 of a fresh registered
+    model (the first champion); a model that already holds versions is refused (use another --model-name)."""
     from learner.checkpoint import write_base_checkpoint
     from learner.settings import LearnerSettings
 

@@ -72,7 +72,9 @@ def _promoter(key: str | None) -> Promoter:
 
 
 def _show(event: PromotionEvent) -> None:
-    moved = f"v{event.from_version} -> v{event.to_version}" if event.action != "reject" else f"v{event.to_version}"
+    moved = f"version {event.to_version}"
+    if event.action != "reject" and event.from_version is not None:
+        moved = f"version {event.from_version} -> {event.to_version}"
     console.print(f"{event.action} {event.model_name} {moved} by {event.actor} (history #{event.history_id})")
 
 
@@ -90,7 +92,9 @@ def _run(action: str, key: str | None, call: Callable[[Promoter], PromotionEvent
 
 @app.command()
 def promote(
-    version: Annotated[int, typer.Argument(help="The MLflow model version to make champion.", min=1)],
+    version: Annotated[
+        int, typer.Argument(help="The version to make champion (what responses and the history call it).", min=1)
+    ],
     reason: ReasonOption,
     key: KeyOption = None,
     actor: ActorOption = None,
@@ -109,7 +113,9 @@ def rollback(reason: ReasonOption, key: KeyOption = None, actor: ActorOption = N
 
 @app.command()
 def reject(
-    version: Annotated[int, typer.Argument(help="The MLflow model version to refuse for good.", min=1)],
+    version: Annotated[
+        int, typer.Argument(help="The version to refuse for good (what responses and the history call it).", min=1)
+    ],
     reason: ReasonOption,
     key: KeyOption = None,
     actor: ActorOption = None,

@@ -144,16 +144,17 @@ class Promoter:
             ).fetchone()
             if rejected:
                 raise PromotionError(
-                    f"{self.model_name} v{version} was rejected; register a new checkpoint instead of promoting it"
+                    f"{self.model_name} version {version} was rejected; "
+                    "register a new checkpoint instead of promoting it"
                 )
             current = self.champion()
             if current == version:
-                raise PromotionError(f"{self.model_name} v{version} is already the champion; nothing to promote")
+                raise PromotionError(f"{self.model_name} version {version} is already the champion; nothing to promote")
             event = self._record(conn, "promote", current, version, actor, reason, evaluation_id)
             self._move(version)
         tags = [(version, "champion", reason)]
         if current is not None:
-            tags.append((current, "retired", f"replaced by v{version}: {reason}"))
+            tags.append((current, "retired", f"replaced by version {version}: {reason}"))
         self._announce(event, tags)
         return event
 
@@ -191,7 +192,7 @@ class Promoter:
             current = self.champion()
             if current == version:
                 raise PromotionError(
-                    f"{self.model_name} v{version} is the champion; run `liveloop rollback` before rejecting it"
+                    f"{self.model_name} version {version} is the champion; run `liveloop rollback` before rejecting it"
                 )
             event = self._record(conn, "reject", current, version, actor, reason, evaluation_id)
         self._drop_candidate(version)
@@ -260,7 +261,7 @@ class Promoter:
             self.registry.set_alias(self.model_name, CHAMPION, version)
         except RegistryError as exc:
             raise PromotionError(
-                f"moving {self.model_name}@{CHAMPION} to v{version} failed (nothing recorded): {exc}"
+                f"moving {self.model_name}@{CHAMPION} to version {version} failed (nothing recorded): {exc}"
             ) from exc
 
     def _require_version(self, version: int) -> None:
@@ -278,7 +279,9 @@ class Promoter:
         except AliasNotSet:
             return
         except (RegistryError, MlflowException) as exc:
-            raise PromotionError(f"removing {self.model_name}@{CANDIDATE} from v{version} failed: {exc}") from exc
+            raise PromotionError(
+                f"removing {self.model_name}@{CANDIDATE} from version {version} failed: {exc}"
+            ) from exc
 
     def _announce(self, event: PromotionEvent, statuses: list[tuple[int, str, str]]) -> None:
         """Tag each (version, status, reason), then publish the decision; it is published even if tagging
@@ -306,7 +309,7 @@ class Promoter:
         except RegistryError as exc:
             # The decision is already committed and the alias moved; tags are a view of it, so report, do not undo.
             raise PromotionError(
-                f"decision {event.history_id} is recorded but tagging {self.model_name} v{version} failed: {exc}"
+                f"decision {event.history_id} is recorded but tagging {self.model_name} version {version} failed: {exc}"
             ) from exc
 
     def _publish(self, event: PromotionEvent) -> None:

@@ -7,9 +7,10 @@ Two kinds of value share the topic, told apart by ``kind``:
 
 - :class:`PromotionEvent` (``kind="decision"``): one row of the ``promotions`` history table, after
   it was committed: ``promote`` and ``rollback`` moved the ``champion`` alias from ``from_version``
-  to ``to_version`` (MLflow model versions); ``reject`` marked ``to_version`` as refused (it never
-  moves ``champion``). A consumer treats the event as a hint to reconcile with the alias, which
-  stays the source of truth: events can be missed, the alias cannot.
+  to ``to_version`` (MLflow model versions, which are the checkpoints' policy versions: one number);
+  ``reject`` marked ``to_version`` as refused (it never moves ``champion``). A consumer treats the
+  event as a hint to reconcile with the alias, which stays the source of truth: events can be missed,
+  the alias cannot.
 - :class:`SwapFailedEvent` (``kind="swap-failed"``): a serving instance could not swap to a version
   (download, checksum, NaN/Inf weights, load) and keeps serving what it served before.
 """
@@ -47,7 +48,7 @@ class PromotionEvent(BaseModel):
     model_name: str = Field(min_length=1)
     action: Action
     alias: str = Field(default="champion", description="The alias the decision is about.")
-    from_version: int | None = Field(default=None, ge=1, description="The champion before (MLflow model version).")
+    from_version: int | None = Field(default=None, ge=1, description="The champion before (its version).")
     to_version: int | None = Field(default=None, ge=1, description="The champion after, or the rejected version.")
     actor: str = Field(min_length=1, description="Who decided: 'gate' or an operator's name.")
     reason: str = Field(min_length=1)
@@ -64,12 +65,16 @@ class SwapFailedEvent(BaseModel):
     schema_version: int = Field(default=PROMOTIONS_SCHEMA_VERSION, ge=1, le=PROMOTIONS_SCHEMA_VERSION)
     event_id: uuid.UUID = Field(default_factory=uuid.uuid4)
     model_name: str = Field(min_length=1)
-    model_version: int = Field(ge=1, description="The MLflow model version that could not be served.")
+    model_version: int = Field(
+        ge=1, description="The version that could not be served (its MLflow version: a checkpoint's one number)."
+    )
     role: Literal["champion", "candidate"] = Field(description="Which alias the version was loaded for.")
     stage: Literal["download", "verify", "load"] = Field(description="Where it failed.")
     error: str = Field(min_length=1, description="Why, as the failing check said it.")
     serving_model_version: int | None = Field(default=None, ge=1, description="What keeps serving.")
-    serving_policy_version: int | None = Field(default=None, ge=0)
+    serving_policy_version: int | None = Field(
+        default=None, ge=0, description="The policy version responses report; equal to serving_model_version."
+    )
     instance: str = Field(min_length=1, description="The serving instance (host:pid) that failed.")
     at: AwareDatetime = Field(default_factory=_now)
 

@@ -83,11 +83,25 @@ class VersionSource(Protocol):
 
 @dataclass(frozen=True)
 class Loaded:
-    """A model version loaded in the engine, with the policy version the engine knows it by."""
+    """A model version loaded in the engine, with the policy version the engine knows it by (the learner
+    makes the two one number; :func:`version_label` names both where they differ)."""
 
     model_version: int
     policy_version: int
     folder: Path
+
+    @property
+    def label(self) -> str:
+        """How logs name it: ``version N``."""
+        return version_label(self.model_version, self.policy_version)
+
+
+def version_label(model_version: int, policy_version: int) -> str:
+    """``version N`` when the MLflow version and the policy version are one number, as the learner makes
+    them; both, labelled, when a checkpoint registered by other means makes them differ."""
+    if model_version == policy_version:
+        return f"version {model_version}"
+    return f"MLflow version {model_version} (policy version {policy_version})"
 
 
 class SwapController:
@@ -180,7 +194,7 @@ class SwapController:
         if self.canary is not None and self.canary.policy_version == loaded.policy_version:
             self.router.set_candidate(None)  # the candidate became champion: it is the default now
             self.canary = None
-        log.info("%s: serving v%d (policy %d)", self.model_name, wanted, loaded.policy_version)
+        log.info("%s: serving %s", self.model_name, loaded.label)
         return True
 
     def _reconcile_canary(self) -> None:
@@ -224,7 +238,7 @@ class SwapController:
             return
         self.staged = staged = self._ensure_loaded(wanted, "candidate")
         if staged is not None:
-            log.info("%s: staged candidate v%d (policy %d)", self.model_name, wanted, staged.policy_version)
+            log.info("%s: staged candidate %s", self.model_name, staged.label)
 
     def _drop_staged(self) -> None:
         """Unload the staged candidate now: outside a canary no request is routed to it."""
@@ -295,22 +309,22 @@ class SwapController:
         """CheckpointRefused if the version holds another model's checkpoint, or a policy version served already."""
         if manifest.model_name != self.model_name:
             raise CheckpointRefused(
-                f"v{model_version} holds a checkpoint of {manifest.model_name}, not {self.model_name}", "verify"
+                f"version {model_version} holds a checkpoint of {manifest.model_name}, not {self.model_name}", "verify"
             )
         clash = [
             v for v in (self.champion, self.canary, self.staged) if v and v.policy_version == manifest.policy_version
         ]
         if clash:
             raise CheckpointRefused(
-                f"v{model_version} has policy version {manifest.policy_version}, "
-                f"already served as v{clash[0].model_version}",
+                f"{version_label(model_version, manifest.policy_version)} has the policy version of "
+                f"{clash[0].label}, already served",
                 "verify",
             )
 
     def _failed(
         self, model_version: int, role: Role, stage: Literal["download", "verify", "load"], error: str, *, refuse: bool
     ) -> None:
-        log.error("%s v%d (%s) refused at %s: %s", self.model_name, model_version, role, stage, error)
+        log.error("%s version %d (%s) refused at %s: %s", self.model_name, model_version, role, stage, error)
         self.failures.labels(stage).inc()
         if refuse:
             self.refused.add(model_version)
@@ -327,7 +341,7 @@ class SwapController:
         try:
             self._send(event)
         except Exception as exc:  # the metric and the log still say it; never let reporting stop serving
-            log.error("could not publish swap-failed for v%d: %s", model_version, exc)
+            log.error("could not publish swap-failed for version %d: %s", model_version, exc)
 
     def _retire(self, item: Loaded) -> None:
         self._retiring[item.policy_version] = (time.monotonic(), item)

@@ -32,12 +32,19 @@ from learner.baseline import EmaBaseline
 from learner.checkpoint import write_base_checkpoint
 from learner.engine import LearnerEngine, init_distributed
 from learner.intake import Intake
-from learner.manifest import CheckpointAnnouncement, verify_checkpoint
-from learner.publish import register_base
+from learner.manifest import BASE_POLICY_VERSION, CheckpointAnnouncement, verify_checkpoint
+from learner.publish import VERSION_TAG, register_base
 from learner.rounds import plan_round
 from learner.settings import LearnerSettings
 from learner.source import read_ranges
-from tests.learner.learner_harness import LearnerJob, learner_env, produce, training_samples, wait_for
+from tests.learner.learner_harness import (
+    LearnerJob,
+    learner_env,
+    produce,
+    register_elsewhere,
+    training_samples,
+    wait_for,
+)
 
 MODEL = "test-policy"
 
@@ -65,33 +72,33 @@ def test_a_killed_and_restarted_learner_ends_bit_identical_to_an_uninterrupted_o
     publish = {"LIVELOOP_LEARNER_DSN": fresh_database, "LIVELOOP_LEARNER_MLFLOW_URI": endpoints.mlflow_url}
     crashy_env = learner_env(data_dir=crashy_dir, extra=publish, **common)
     base_manifest = verify_checkpoint(base)
-    assert base_manifest.policy_version == 0
+    assert base_manifest.policy_version == BASE_POLICY_VERSION == 1
     register_base(base, mlflow_uri=endpoints.mlflow_url, dsn=fresh_database)
     try:
         # Life 1: frozen after the first optimizer step of round 1, then killed.
         crashy = LearnerJob({**crashy_env, "LIVELOOP_LEARNER_PAUSE_AT": "mid_round"}, tmp_path / "logs", "crashy1")
         produce(endpoints.kafka_bootstrap, topic, training_samples(0, 8))
-        wait_for([crashy_dir / "paused-mid_round", calm_dir / "checkpoints" / _ids(1)[0]], [calm, crashy])
+        wait_for([crashy_dir / "paused-mid_round", calm_dir / "checkpoints" / _ids(2)[0]], [calm, crashy])
         crashy.kill()
-        # Life 2: replays round 1, then freezes with checkpoint 1 complete in its temporary folder.
+        # Life 2: replays round 1, then freezes with checkpoint 2 (the first after the base) in its temporary folder.
         crashy = LearnerJob({**crashy_env, "LIVELOOP_LEARNER_PAUSE_AT": "mid_checkpoint"}, tmp_path / "logs", "crashy2")
         wait_for([crashy_dir / "paused-mid_checkpoint"], [calm, crashy])
-        assert (crashy_dir / "checkpoints" / f".tmp-{_ids(1)[0]}").is_dir()
-        assert not (crashy_dir / "checkpoints" / _ids(1)[0]).exists()
+        assert (crashy_dir / "checkpoints" / f".tmp-{_ids(2)[0]}").is_dir()
+        assert not (crashy_dir / "checkpoints" / _ids(2)[0]).exists()
         crashy.kill()
-        # Life 3: no fault; recovers, writes and publishes checkpoint 1, then goes on live.
+        # Life 3: no fault; recovers, writes and publishes checkpoint 2, then goes on live.
         crashy = LearnerJob(crashy_env, tmp_path / "logs", "crashy3")
-        wait_for([crashy_dir / "published" / _ids(1)[0]], [calm, crashy])
-        for first, version in ((8, 2), (16, 3)):
+        wait_for([crashy_dir / "published" / _ids(2)[0]], [calm, crashy])
+        for first, version in ((8, 3), (16, 4)):
             produce(endpoints.kafka_bootstrap, topic, training_samples(first, 8))
             wait_for(
                 [calm_dir / "checkpoints" / _ids(version)[0], crashy_dir / "published" / _ids(version)[0]],
                 [calm, crashy],
             )
         status = _settled_status(crashy_env)
-        assert status["policy_version"] == 3
+        assert status["policy_version"] == 4
         assert status["samples_since_checkpoint"] == 0
-        assert status["last_checkpoint_id"] == _ids(3)[0]
+        assert status["last_checkpoint_id"] == _ids(4)[0]
         assert sum(status["lag"].values()) == 0
         assert status["activity"] == "waiting"
         # A lone learner meets its process group in a file: nothing of it listens beyond loopback.
@@ -101,26 +108,26 @@ def test_a_killed_and_restarted_learner_ends_bit_identical_to_an_uninterrupted_o
         assert calm.stop() == [0]
         assert crashy.stop() == [0]
         # A crash between the rename and the published marker: the next start publishes again (idempotent).
-        (crashy_dir / "published" / _ids(3)[0]).unlink()
+        (crashy_dir / "published" / _ids(4)[0]).unlink()
         crashy = LearnerJob(crashy_env, tmp_path / "logs", "crashy4")
-        wait_for([crashy_dir / "published" / _ids(3)[0]], [crashy])
+        wait_for([crashy_dir / "published" / _ids(4)[0]], [crashy])
         assert crashy.stop() == [0]
     finally:
         calm.kill()
         crashy.kill()
 
     # Bit-identical final weights (and every checkpoint on the way).
-    for checkpoint_id in _ids(1, 2, 3):
+    for checkpoint_id in _ids(2, 3, 4):
         a, b = _weights(calm_dir / "checkpoints" / checkpoint_id), _weights(crashy_dir / "checkpoints" / checkpoint_id)
         assert a.keys() == b.keys()
         assert all(torch.equal(a[name], b[name]) for name in a), checkpoint_id
     assert not torch.equal(
-        _weights(base)["lm_head.weight"], _weights(crashy_dir / "checkpoints" / _ids(3)[0])["lm_head.weight"]
+        _weights(base)["lm_head.weight"], _weights(crashy_dir / "checkpoints" / _ids(4)[0])["lm_head.weight"]
     )
 
     # Manifests: the lineage, 8 samples each, contiguous and disjoint ranges covering all 24 records.
-    manifests = [verify_checkpoint(crashy_dir / "checkpoints" / c) for c in _ids(1, 2, 3)]
-    assert [m.parent_id for m in manifests] == _ids(0, 1, 2)
+    manifests = [verify_checkpoint(crashy_dir / "checkpoints" / c) for c in _ids(2, 3, 4)]
+    assert [m.parent_id for m in manifests] == _ids(1, 2, 3)
     assert [m.sample_count for m in manifests] == [8, 8, 8]
     assert [m.step for m in manifests] == [3, 6, 9]  # 8 samples of <= 30 tokens per round: 3 batches
     next_offset: dict[int, int] = dict.fromkeys((0, 1), 0)
@@ -137,13 +144,15 @@ def test_a_killed_and_restarted_learner_ends_bit_identical_to_an_uninterrupted_o
         rows = conn.execute(
             "SELECT checkpoint_id, count(*) FROM checkpoint_samples GROUP BY checkpoint_id ORDER BY 1"
         ).fetchall()
-        assert rows == [(c, 8) for c in _ids(1, 2, 3)]
+        assert rows == [(c, 8) for c in _ids(2, 3, 4)]
         expected = {s.sample_id for s in training_samples(0, 8) + training_samples(8, 8) + training_samples(16, 8)}
         recorded = {r[0] for r in conn.execute("SELECT sample_id FROM checkpoint_samples").fetchall()}
         assert recorded == expected
     registry = Registry(endpoints.mlflow_url)
     assert int(registry.version_by_alias(MODEL, CHAMPION).version) == 1
-    assert registry.version_by_alias(MODEL, CANDIDATE).tags.get("liveloop.checkpoint_id") == _ids(3)[0]
+    candidate = registry.version_by_alias(MODEL, CANDIDATE)
+    assert candidate.tags.get("liveloop.checkpoint_id") == _ids(4)[0]
+    assert int(candidate.version) == 4  # the checkpoint's version is its MLflow version
 
 
 def _settled_status(env: dict[str, str]) -> dict[str, Any]:
@@ -179,7 +188,7 @@ def test_two_ranks_zero2_over_gloo_run_a_full_cycle_to_a_registered_checkpoint(
             "LIVELOOP_LEARNER_MLFLOW_URI": endpoints.mlflow_url,
         },
     )
-    checkpoint_id = f"{model_name}-v00001"
+    checkpoint_id = f"{model_name}-v00002"
     job = LearnerJob(env, tmp_path / "logs", "two-ranks", world_size=2)
     try:
         produce(endpoints.kafka_bootstrap, topic, training_samples(100, 8))
@@ -189,7 +198,7 @@ def test_two_ranks_zero2_over_gloo_run_a_full_cycle_to_a_registered_checkpoint(
         job.kill()
     folder = data_dir / "checkpoints" / checkpoint_id
     manifest = verify_checkpoint(folder)
-    assert (manifest.sample_count, manifest.step, manifest.policy_version) == (8, 3, 1)
+    assert (manifest.sample_count, manifest.step, manifest.policy_version) == (8, 3, 2)
     assert manifest.training_config["world_size"] == 2
     assert manifest.training_config["zero_stage"] == 2
     # Rank 1 wrote its optimizer shard into the state folder beside rank 0's.
@@ -209,7 +218,9 @@ def test_two_ranks_zero2_over_gloo_run_a_full_cycle_to_a_registered_checkpoint(
         values = [CheckpointAnnouncement.model_validate_json(record.value) for record in consumer]
     finally:
         consumer.close()
-    assert [(a.checkpoint_id, a.model_version, a.sample_count) for a in values] == [(checkpoint_id, 2, 8)]
+    assert [(a.checkpoint_id, a.policy_version, a.model_version, a.sample_count) for a in values] == [
+        (checkpoint_id, 2, 2, 8)
+    ]
 
     # The two ranks computed what one process computes from the same journaled round, to float32 rounding:
     # each rank sums its half of the batch's gradient and gloo adds the halves, so sums run in another order
@@ -223,7 +234,7 @@ def test_two_ranks_zero2_over_gloo_run_a_full_cycle_to_a_registered_checkpoint(
         rank=0,
         world_size=1,
     )
-    intake = Intake(base_policy_version=0, max_staleness=4)
+    intake = Intake(base_policy_version=BASE_POLICY_VERSION, max_staleness=4)
     records = read_ranges(endpoints.kafka_bootstrap, consumed)
     admitted = [r.sample for r in records if r.sample is not None and intake.admit(r.sample) is None]
     for step, batch in enumerate(plan_round(admitted, EmaBaseline(0.9), token_budget=30)):
@@ -254,8 +265,8 @@ def test_a_stream_of_samples_it_must_drop_does_not_stall_the_learner(
     job = LearnerJob(env, tmp_path / "logs", "flooded")
     try:
         produce(endpoints.kafka_bootstrap, topic, training_samples(0, 8))
-        wait_for([data_dir / "checkpoints" / _ids(1)[0]], [job])
-        produce(endpoints.kafka_bootstrap, topic, training_samples(8, 80))  # policy 0: stale for policy 1
+        wait_for([data_dir / "checkpoints" / _ids(2)[0]], [job])
+        produce(endpoints.kafka_bootstrap, topic, training_samples(8, 80))  # policy 1: stale for policy 2
         url = f"http://127.0.0.1:{env['LIVELOOP_LEARNER_STATUS_PORT']}/status"
         deadline = time.monotonic() + 120
         while True:
@@ -275,3 +286,45 @@ def test_a_stream_of_samples_it_must_drop_does_not_stall_the_learner(
         assert job.stop() == [0]
     finally:
         job.kill()
+
+
+@pytest.mark.timeout(600)
+def test_the_learner_numbers_a_checkpoint_as_mlflow_will_even_past_versions_it_did_not_write(
+    endpoints: Endpoints, make_topic: Callable[..., str], fresh_database: str, tmp_path: Path
+) -> None:
+    """The registry holds a version the learner's data folder does not know (as after restoring the folder
+    from an older backup): the next checkpoint takes the registry's newest plus one, so that its version,
+    its MLflow version, its announcement and the learner's status all say one number."""
+    topic, announcements = make_topic(partitions=1), make_topic(partitions=1)
+    migrate(fresh_database)
+    data_dir = tmp_path / "learner"
+    model_name = f"numbered-{topic.rsplit('.', 1)[1]}"
+    base = write_base_checkpoint(data_dir, model_name)
+    assert register_base(base, mlflow_uri=endpoints.mlflow_url, dsn=fresh_database) == BASE_POLICY_VERSION
+    assert register_elsewhere(endpoints.mlflow_url, model_name, base) == 2
+    env = learner_env(
+        bootstrap=endpoints.kafka_bootstrap,
+        topic=topic,
+        checkpoints_topic=announcements,
+        data_dir=data_dir,
+        extra={
+            "LIVELOOP_LEARNER_MODEL_NAME": model_name,
+            "LIVELOOP_LEARNER_DSN": fresh_database,
+            "LIVELOOP_LEARNER_MLFLOW_URI": endpoints.mlflow_url,
+        },
+    )
+    checkpoint_id = f"{model_name}-v00003"
+    job = LearnerJob(env, tmp_path / "logs", "numbered")
+    try:
+        produce(endpoints.kafka_bootstrap, topic, training_samples(200, 8))
+        wait_for([data_dir / "published" / checkpoint_id], [job])
+        assert _settled_status(env)["policy_version"] == 3
+        assert job.stop() == [0]
+    finally:
+        job.kill()
+    manifest = verify_checkpoint(data_dir / "checkpoints" / checkpoint_id)
+    assert (manifest.policy_version, manifest.parent_id) == (3, base.name)
+    candidate = Registry(endpoints.mlflow_url).version_by_alias(model_name, CANDIDATE)
+    assert (int(candidate.version), candidate.tags.get(VERSION_TAG)) == (3, "3")
+    announced = CheckpointAnnouncement.model_validate_json((data_dir / "published" / checkpoint_id).read_bytes())
+    assert (announced.policy_version, announced.model_version) == (3, 3)

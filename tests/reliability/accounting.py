@@ -121,7 +121,7 @@ def checkpoints_contiguous(dsn: str, bootstrap: str, samples_topic: str, learner
     check = Check("checkpoints: contiguous, disjoint, nothing skipped")
     with psycopg.connect(dsn) as conn:
         checkpoints = conn.execute(
-            "SELECT checkpoint_id, policy_version FROM checkpoints WHERE policy_version > 0 ORDER BY policy_version"
+            "SELECT checkpoint_id, policy_version FROM checkpoints WHERE parent_id IS NOT NULL ORDER BY policy_version"
         ).fetchall()
         ranges = conn.execute(
             "SELECT c.policy_version, o.kafka_partition, o.first_offset, o.last_offset FROM checkpoint_offsets o "
@@ -234,7 +234,7 @@ def served_versions_were_champion_or_canary(dsn: str, served: list[ServedRecord]
         ).fetchall()
         candidates = conn.execute(
             "SELECT c.policy_version, c.created_at, (SELECT min(p.at) FROM promotions p WHERE p.action = 'reject' "
-            "AND p.to_version = c.model_version) FROM checkpoints c WHERE c.policy_version > 0 "
+            "AND p.to_version = c.model_version) FROM checkpoints c WHERE c.parent_id IS NOT NULL "
             "ORDER BY c.policy_version"
         ).fetchall()
     champion: dict[int, list[tuple[float, float]]] = defaultdict(list)

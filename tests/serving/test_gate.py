@@ -29,6 +29,7 @@ from infra.migrations import migrate
 from infra.registry import CHAMPION, Registry
 from infra.stack import Endpoints
 from learner.logprobs import completion_logprobs
+from learner.manifest import BASE_POLICY_VERSION
 from learner.publish import publish_checkpoint, register_base
 from learner.tiny_model import TinyModelSpec, build_tiny_model, byte_tokenizer
 from serving.gate_policy import GateMetrics, GatePolicy, decide
@@ -148,14 +149,16 @@ def test_gate_rejects_degraded_and_nan_and_promotes_better(
     _store(fresh_database, samples)
     held_out = sum(is_held_out(s.sample_id, HELD_OUT_PERCENT) for s in samples)
 
-    write_checkpoint(tmp_path / "base", model_name=name, policy_version=0, model=champion, held_out=RULE)
+    write_checkpoint(
+        tmp_path / "base", model_name=name, policy_version=BASE_POLICY_VERSION, model=champion, held_out=RULE
+    )
     assert register_base(tmp_path / "base", mlflow_uri=endpoints.mlflow_url, dsn=fresh_database) == 1
     published = {}
     candidates = (
-        (1, "degraded", degraded),
-        (2, "nan", nan_model()),
-        (3, "collapsed", collapsed),
-        (4, "better", better),
+        (2, "degraded", degraded),
+        (3, "nan", nan_model()),
+        (4, "collapsed", collapsed),
+        (5, "better", better),
     )
     for policy, label, model in candidates:
         write_checkpoint(tmp_path / label, model_name=name, policy_version=policy, model=model, held_out=RULE)
@@ -168,6 +171,7 @@ def test_gate_rejects_degraded_and_nan_and_promotes_better(
             samples_topic=samples_topic,
             sample_ids=(),
         )
+        assert (published[label].policy_version, published[label].model_version) == (policy, policy)
 
     settings = GateSettings(
         bootstrap=endpoints.kafka_bootstrap,
@@ -260,12 +264,12 @@ def test_gate_refuses_a_candidate_trained_with_another_held_out_rule(
     migrate(fresh_database)
     name = f"test-gate-rule-{uuid.uuid4().hex[:8]}"
     checkpoints, promotions, samples_topic = make_topic(), make_topic(), make_topic()
-    write_checkpoint(tmp_path / "base", model_name=name, policy_version=0, held_out=RULE)
+    write_checkpoint(tmp_path / "base", model_name=name, policy_version=BASE_POLICY_VERSION, held_out=RULE)
     assert register_base(tmp_path / "base", mlflow_uri=endpoints.mlflow_url, dsn=fresh_database) == 1
     other_share = HeldOutRule(percent=20)
     other_version = HeldOutRule(percent=HELD_OUT_PERCENT, rule_version=HELD_OUT_RULE_VERSION + 1)
     published = []
-    for policy, rule in ((1, other_share), (2, other_version)):
+    for policy, rule in ((2, other_share), (3, other_version)):
         write_checkpoint(tmp_path / str(policy), model_name=name, policy_version=policy, held_out=rule)
         published.append(
             publish_checkpoint(

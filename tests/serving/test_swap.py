@@ -23,7 +23,7 @@ import pytest
 from kafka import KafkaConsumer, TopicPartition
 
 from infra.migrations import migrate
-from infra.registry import CANDIDATE, Registry
+from infra.registry import CANDIDATE, CHAMPION, Registry
 from infra.stack import Endpoints
 from serving.canary import in_canary
 from serving.engine import SamplingParams
@@ -61,11 +61,15 @@ def engine() -> Iterator[TorchEngine]:
     eng.close()
 
 
-def _setup(endpoints: Endpoints, dsn: str, topic: str, tmp: Path, engine: TorchEngine, count: int) -> Setup:
+def _setup(
+    endpoints: Endpoints, dsn: str, topic: str, tmp: Path, engine: TorchEngine, count: int, first_policy: int = 0
+) -> Setup:
+    """``count`` checkpoints with policy versions from ``first_policy`` up, registered as MLflow versions 1, 2...
+    (``first_policy=1`` numbers them as the learner does: a checkpoint's version is its MLflow version)."""
     migrate(dsn)
     name = f"test-swap-{uuid.uuid4().hex[:8]}"
     versions = {}
-    for policy in range(count):
+    for policy in range(first_policy, first_policy + count):
         write_checkpoint(tmp / f"p{policy}", model_name=name, policy_version=policy, seed=policy)
         versions[register(endpoints.mlflow_url, tmp / f"p{policy}", name)] = policy
     registry = Registry(endpoints.mlflow_url)
@@ -278,6 +282,30 @@ def test_an_announced_candidate_is_loaded_unserved_and_its_promotion_is_a_switch
         (v_bad, "verify", "candidate", 2)
     ]
     assert "sha256" in failed[0].error
+
+
+def test_responses_name_the_champion_by_its_mlflow_version(
+    endpoints: Endpoints, fresh_database: str, make_topic: Callable[..., str], tmp_path: Path, engine: TorchEngine
+) -> None:
+    """Checkpoints numbered as the learner numbers them: after each promotion (and a rollback) the version every
+    response names (the gateway's ``policy_version`` and ``X-Liveloop-Policy-Version``) is the version the
+    ``champion`` alias points at, the one ``liveloop promote N`` took, and the history's ``to_version``."""
+    s = _setup(endpoints, fresh_database, make_topic(), tmp_path, engine, count=3, first_policy=1)
+    assert s.versions == {1: 1, 2: 2, 3: 3}
+    controller = _controller(s, endpoints, tmp_path)
+    moves = [
+        lambda: s.promoter.promote(2, actor="test", reason="to version 2"),
+        lambda: s.promoter.promote(3, actor="test", reason="to version 3"),
+        lambda: s.promoter.rollback(actor="test", reason="back"),
+    ]
+    for move in [None, *moves]:
+        to_version = 1 if move is None else move().to_version
+        controller.reconcile()
+        served = engine.generate(["which version?"], GREEDY)[0].policy_version
+        assert served == to_version == s.registry.alias_version(s.name, CHAMPION)
+        assert controller.champion is not None
+        assert controller.champion.label == f"version {served}"
+    assert to_version == 2
 
 
 def test_canary_routes_a_sticky_share_of_sessions_to_the_candidate(
