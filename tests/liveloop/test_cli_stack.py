@@ -53,6 +53,14 @@ def test_up_status_down_leave_nothing_running(tmp_path: Path) -> None:
         up = _run(["up"], env, timeout=420)
         assert up.returncode == 0, up.stdout + up.stderr
 
+        # `up` returns once every component answers its health check; the learner then still recovers
+        # (reads its checkpoints, seeks the samples topic) before its /status reports a step.
+        def learner_running() -> bool:
+            answer = json.loads(_run(["status", "--json"], env).stdout or "{}")
+            details = answer.get("components", {}).get("learner", {}).get("details") or {}
+            return details.get("state") == "running"
+
+        assert wait_until(learner_running, timeout_s=180), "the learner never reported that it runs"
         status = _run(["status", "--json"], env)
         assert status.returncode == 0, status.stdout + status.stderr
         report = json.loads(status.stdout)
@@ -69,7 +77,7 @@ def test_up_status_down_leave_nothing_running(tmp_path: Path) -> None:
         assert all(c["healthy"] for c in components.values()), components
         assert all(c["restarts"] == 0 for c in components.values()), components
         learner = components["learner"]["details"]  # the learner's own /status
-        assert (learner["state"], learner["step"], learner["policy_version"]) == ("running", 0, 0)
+        assert (learner["state"], learner["step"], learner["policy_version"]) == ("running", 0, 1)
         assert learner["samples_since_checkpoint"] == 0
         assert "next_checkpoint_at" in learner
         assert learner["lag"] == {"0": 0, "1": 0, "2": 0}

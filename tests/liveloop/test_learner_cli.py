@@ -25,7 +25,7 @@ def test_init_base_writes_version_0_and_registers_it_as_champion_once(
     for _ in range(2):  # idempotent: the second run finds the folder and the registration
         result = runner.invoke(app, args)
         assert result.exit_code == 0, result.output
-    manifest = verify_checkpoint(tmp_path / "checkpoints" / "cli-base-v00000")
+    manifest = verify_checkpoint(tmp_path / "checkpoints" / "cli-base-v00001")
     assert (manifest.policy_version, manifest.parent_id, manifest.sample_count) == (0, None, 0)
     assert manifest.base_model.startswith("tiny-llama:")
     assert "model.safetensors" in manifest.files
