@@ -19,30 +19,11 @@ from serving.diversity import (
     summarize,
     well_formed_share,
 )
-from serving.gate_policy import GateMetrics, GatePolicy, decide
+from serving.gate_policy import GatePolicy, decide
 from serving.regression import InvalidSuite, load_suite
+from tests.serving.gate_metrics import HEALTHY
 
 NUMBER = WellFormed(name="number", version="1", regex=r" [0-9]+;?")
-
-HEALTHY = GateMetrics(
-    held_out_samples=100,
-    candidate_reward=0.7,
-    champion_reward=0.5,
-    reward_difference=0.2,
-    difference_ci_low=0.05,
-    difference_ci_high=0.3,
-    candidate_ess=50.0,
-    mean_kl=0.1,
-    regression_pass_rate=1.0,
-    diversity_completions=256,
-    candidate_distinct_share=0.70,
-    champion_distinct_share=0.77,
-    candidate_token_entropy=1.1,
-    champion_token_entropy=1.3,
-    candidate_well_formed_share=0.80,
-    champion_well_formed_share=0.83,
-    well_formed_validator="number@1",
-)
 
 
 def test_measures_of_a_list_of_completions() -> None:

@@ -32,11 +32,12 @@ from learner.logprobs import completion_logprobs
 from learner.manifest import BASE_POLICY_VERSION
 from learner.publish import publish_checkpoint, register_base
 from learner.tiny_model import TinyModelSpec, build_tiny_model, byte_tokenizer
-from serving.gate_policy import GateMetrics, GatePolicy, decide
+from serving.gate_policy import GatePolicy, decide
 from serving.gate_service import GateService
 from serving.regression import InvalidSuite, load_suite
 from serving.settings import GateSettings
 from tests.serving.checkpoints import nan_model, write_checkpoint
+from tests.serving.gate_metrics import HEALTHY
 
 SPEC_HASH = "ab" * 32
 HELD_OUT_PERCENT = 50
@@ -173,15 +174,7 @@ def test_gate_rejects_degraded_and_nan_and_promotes_better(
         )
         assert (published[label].policy_version, published[label].model_version) == (policy, policy)
 
-    settings = GateSettings(
-        bootstrap=endpoints.kafka_bootstrap,
-        checkpoints_topic=checkpoints,
-        promotions_topic=promotions,
-        group_id=f"gate-{uuid.uuid4().hex[:6]}",
-        dsn=fresh_database,
-        mlflow_url=endpoints.mlflow_url,
-        work_dir=tmp_path,
-    )
+    settings = _gate_settings(endpoints, checkpoints, promotions, fresh_database, tmp_path)
     policy = GatePolicy(version="test", max_kl=2.0, min_ess=10, min_held_out_samples=20, auto_promote=True)
     service = GateService(settings, policy, held_out=RULE)
     results = []
@@ -282,15 +275,7 @@ def test_gate_refuses_a_candidate_trained_with_another_held_out_rule(
                 sample_ids=(),
             )
         )
-    settings = GateSettings(
-        bootstrap=endpoints.kafka_bootstrap,
-        checkpoints_topic=checkpoints,
-        promotions_topic=promotions,
-        group_id=f"gate-{uuid.uuid4().hex[:6]}",
-        dsn=fresh_database,
-        mlflow_url=endpoints.mlflow_url,
-        work_dir=tmp_path,
-    )
+    settings = _gate_settings(endpoints, checkpoints, promotions, fresh_database, tmp_path)
     service = GateService(settings, GatePolicy(version="test", auto_promote=True), held_out=RULE)
     results = []
     try:
@@ -335,22 +320,7 @@ def test_gate_refuses_a_candidate_trained_with_another_held_out_rule(
 
 
 def test_policy_decisions_hold_without_auto_promote_and_nan_never_passes() -> None:
-    good = GateMetrics(
-        held_out_samples=100,
-        candidate_reward=0.7,
-        champion_reward=0.5,
-        reward_difference=0.2,
-        difference_ci_low=0.05,
-        difference_ci_high=0.3,
-        candidate_ess=50.0,
-        mean_kl=0.1,
-        regression_pass_rate=1.0,
-        diversity_completions=256,
-        candidate_distinct_share=0.8,
-        champion_distinct_share=0.8,
-        candidate_token_entropy=1.0,
-        champion_token_entropy=1.0,
-    )
+    good = HEALTHY
     assert decide(GatePolicy(auto_promote=False), good)[0] == "hold"
     assert decide(GatePolicy(auto_promote=True), good)[0] == "promote"
     decision, reasons = decide(GatePolicy(auto_promote=True), good.model_copy(update={"mean_kl": math.nan}))
@@ -383,3 +353,16 @@ def test_regression_checks_and_the_default_suite(tmp_path: Path) -> None:
     bad.write_text("name: t\nversion: '1'\ncases: [{id: c, prompt: p, checks: [{kind: regex, pattern: '('}]}]\n")
     with pytest.raises(InvalidSuite, match="does not compile"):
         load_suite(bad)
+
+
+def _gate_settings(endpoints: Endpoints, checkpoints: str, promotions: str, dsn: str, work_dir: Path) -> GateSettings:
+    """The gate's settings for a test: its topics, a group of its own, the test's database."""
+    return GateSettings(
+        bootstrap=endpoints.kafka_bootstrap,
+        checkpoints_topic=checkpoints,
+        promotions_topic=promotions,
+        group_id=f"gate-{uuid.uuid4().hex[:6]}",
+        dsn=dsn,
+        mlflow_url=endpoints.mlflow_url,
+        work_dir=work_dir,
+    )
