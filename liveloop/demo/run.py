@@ -56,7 +56,17 @@ DEMO_ENVIRONMENT = {
     # gate can reject a candidate whose completions stop being valid statements.
     "LIVELOOP_GATE_SUITE_PATH": str(DEFAULT_SUITE.with_name("code-demo.yaml")),
 }
-GATE_POLICY = {"version": "demo-1", "auto_promote": True, "min_held_out_samples": 20}
+# Diversity: learning the users' preference narrows the completions, and at the demo's learning rate a
+# two-minute cycle can narrow them by a third (a run here: a distinct share of 0.84 for the champion's
+# probe, 0.56 for the next candidate), which the default ratio of 0.7 rejects cycle after cycle. The demo
+# allows half per step and guards against collapse with an absolute floor on the probe's distinct share.
+GATE_POLICY = {
+    "version": "demo-2",
+    "auto_promote": True,
+    "min_held_out_samples": 20,
+    "min_distinct_share_ratio": 0.5,
+    "min_distinct_share": 0.4,
+}
 PRETRAIN_STEPS = 400
 
 
