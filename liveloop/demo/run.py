@@ -25,6 +25,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.live import Live
 
+from infra.active import clear_mark, mark_running, refuse_if_other_running
 from infra.settings import StackSettings
 from infra.stack import Stack
 from liveloop.components import loop_components
@@ -101,9 +102,11 @@ def make_base_model(stack: Stack, profile: str, seed: int) -> tuple[Path, int]:
 def run_demo(options: DemoOptions, console: Console) -> DemoReport:
     """Run the demo end to end; return the report (also written to ``options.report_dir``). The console
     shows the demo's own steps and live view; libraries log into ``<state>/logs/demo.log``."""
-    stack = Stack(StackSettings(state_dir=options.state_dir))
-    stack.purge()  # every demo starts from nothing: a fresh broker, database, registry and learner
-    stack = Stack(StackSettings(state_dir=options.state_dir))
+    settings = StackSettings(state_dir=options.state_dir)
+    refuse_if_other_running(settings)  # a `liveloop up` of this folder holds the ports and its own keys
+    Stack(settings).purge()  # every demo starts from nothing: a fresh broker, database, registry and learner
+    stack = Stack(settings)
+    mark_running(settings, "liveloop demo")  # so `liveloop status`/`down` in this folder find the demo's stack
     log_file = stack.settings.logs_dir.resolve() / "demo.log"
     with library_output_to(log_file):
         console.print(f"libraries log to {log_file}")
@@ -166,10 +169,14 @@ def _run(stack: Stack, options: DemoOptions, console: Console) -> DemoReport:
         write_report(report, summary, options.report_dir)
     finally:
         if options.keep_running:
-            console.print(f"the loop keeps running: LIVELOOP_INFRA_STATE_DIR={options.state_dir} liveloop status")
+            console.print(
+                f"the loop keeps running from {options.state_dir}: `liveloop status` and `liveloop down` in this "
+                f"folder find it; its keys are in {stack.settings.credentials_path}"
+            )
         else:
             console.print(f"stopping the loop (its data stays in {options.state_dir} until the next demo)")
             stack.down()
+            clear_mark(stack.settings)
     return report
 
 
