@@ -7,6 +7,7 @@ Commands raise; :mod:`liveloop.exit_codes` (the ``cls`` of every app here) print
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -44,19 +45,55 @@ def setup() -> None:
 
 
 @app.command()
-def up() -> None:
+def up(
+    profile: Annotated[
+        str | None,
+        typer.Option(
+            "--profile",
+            help="Run the loop at a profile's cadence: 'fast' learns in minutes (a checkpoint every 2 minutes once "
+            "64 samples trained, auto-promoted by the gate; `liveloop demo`'s settings). Needs a base model: "
+            "--base, or the tiny model.",
+            show_default=False,
+        ),
+    ] = None,
+    base: Annotated[
+        Path | None,
+        typer.Option(
+            "--base",
+            help="A local Hugging Face model folder to start from, registered as the first champion "
+            "(like `liveloop learner init-base --from`). With --profile and no --base: the tiny model.",
+            show_default=False,
+        ),
+    ] = None,
+) -> None:
     """Start the local stack (Kafka, PostgreSQL, MLflow and the loop's components) and wait until healthy.
 
     Refuses while another stack of this folder (a ``liveloop demo --keep-running``) runs."""
+    from liveloop.profiles import apply_profile, check_base_folder, profile_named, register_base_model
+
+    chosen = profile_named(profile) if profile is not None else None
+    check_base_folder(base)
     settings = StackSettings()
     refuse_if_other_running(settings)  # before Stack(), which mints the keys of a new stack
     stack = Stack(settings)
     mark_running(settings, "liveloop up")
     started = time.monotonic()
+    timings: dict[str, float] = {}
     with console.status("starting Kafka, PostgreSQL, MLflow and the loop's components ..."):
-        timings = stack.up(loop_components(stack))
+        if chosen is not None:
+            apply_profile(chosen, settings.state_dir)  # the components inherit its environment
+        if chosen is not None or base is not None:
+            # The base must be the champion before the learner and the gateway start from it.
+            timings.update(stack.up())
+            version = register_base_model(stack, base)
+            if base is not None:
+                os.environ["LIVELOOP_LEARNER_BASE_MODEL"] = str(base.resolve())
+            console.print(f"base model {base or 'tiny'}: version {version}")
+        timings.update(stack.up(loop_components(stack)))
     parts = ", ".join(f"{name} {seconds:.1f}s" for name, seconds in timings.items())
     console.print(f"[green]up[/green] in {time.monotonic() - started:.1f}s ({parts})")
+    if chosen is not None:
+        console.print(f"profile {chosen.name}: {chosen.summary}")
     _print_status(stack.status(loop_components(stack)))
 
 
