@@ -83,3 +83,14 @@ def ensure_credentials(path: Path) -> DevCredentials:
     with os.fdopen(fd, "w", encoding="utf-8") as fh:
         fh.write(creds.to_json())
     return creds
+
+
+def existing_credentials(path: Path) -> DevCredentials:
+    """The credential file's keys; when there is none, throw-away keys kept in memory only.
+
+    A folder without a credential file has no stack that could hold keys (``up`` writes the file before
+    anything starts), so keys that match nothing let ``status`` and ``down`` look without writing one.
+    """
+    if path.exists():
+        return load_credentials(path)
+    return DevCredentials.generate()

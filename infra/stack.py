@@ -21,7 +21,7 @@ from typing import Any
 
 from pydantic import BaseModel, SecretStr
 
-from infra.credentials import DevCredentials, ensure_credentials
+from infra.credentials import DevCredentials, ensure_credentials, existing_credentials
 from infra.errors import ServiceStartError, ServiceUnavailable
 from infra.kafka_broker import KafkaBroker, kafka_answers
 from infra.keeper import read_state
@@ -71,10 +71,23 @@ class ComponentSpec:
 class Stack:
     """The local services and components described by ``StackSettings``."""
 
-    def __init__(self, settings: StackSettings | None = None, topics: TopicsSettings | None = None) -> None:
+    def __init__(
+        self,
+        settings: StackSettings | None = None,
+        topics: TopicsSettings | None = None,
+        *,
+        create_credentials: bool = True,
+    ) -> None:
+        """``create_credentials=False`` is for commands that only look at or stop a stack (``status``,
+        ``down``): they read its credential file and never write one, so keys are minted only by the
+        command that starts the stack."""
         self.settings = settings or StackSettings()
         self.topics = topics or TopicsSettings()
-        self.credentials: DevCredentials = ensure_credentials(self.settings.credentials_path)
+        self.credentials: DevCredentials = (
+            ensure_credentials(self.settings.credentials_path)
+            if create_credentials
+            else existing_credentials(self.settings.credentials_path)
+        )
         self.kafka = KafkaBroker(self.settings)
         self.postgres = LocalPostgres(self.settings, self.credentials)
         self.endpoints = Endpoints(

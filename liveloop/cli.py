@@ -7,18 +7,22 @@ Commands raise; :mod:`liveloop.exit_codes` (the ``cls`` of every app here) print
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
+from infra.active import clear_mark, mark_running, refuse_if_other_running, resolve_stack_settings
+from infra.settings import StackSettings
 from infra.stack import Stack
 from liveloop import learner_cli, serving_cli, sim_cli
 from liveloop.components import loop_components
 from liveloop.exit_codes import LiveloopGroup
+from liveloop.models_status import models_section, print_models
 
 app = typer.Typer(
     help="liveloop: online learning from production traffic.",
@@ -41,14 +45,55 @@ def setup() -> None:
 
 
 @app.command()
-def up() -> None:
-    """Start the local stack (Kafka, PostgreSQL, MLflow and the loop's components) and wait until healthy."""
-    stack = Stack()
+def up(
+    profile: Annotated[
+        str | None,
+        typer.Option(
+            "--profile",
+            help="Run the loop at a profile's cadence: 'fast' learns in minutes (a checkpoint every 2 minutes once "
+            "64 samples trained, auto-promoted by the gate; `liveloop demo`'s settings). Needs a base model: "
+            "--base, or the tiny model.",
+            show_default=False,
+        ),
+    ] = None,
+    base: Annotated[
+        Path | None,
+        typer.Option(
+            "--base",
+            help="A local Hugging Face model folder to start from, registered as the first champion "
+            "(like `liveloop learner init-base --from`). With --profile and no --base: the tiny model.",
+            show_default=False,
+        ),
+    ] = None,
+) -> None:
+    """Start the local stack (Kafka, PostgreSQL, MLflow and the loop's components) and wait until healthy.
+
+    Refuses while another stack of this folder (a ``liveloop demo --keep-running``) runs."""
+    from liveloop.profiles import apply_profile, check_base_folder, profile_named, register_base_model
+
+    chosen = profile_named(profile) if profile is not None else None
+    check_base_folder(base)
+    settings = StackSettings()
+    refuse_if_other_running(settings)  # before Stack(), which mints the keys of a new stack
+    stack = Stack(settings)
+    mark_running(settings, "liveloop up")
     started = time.monotonic()
+    timings: dict[str, float] = {}
     with console.status("starting Kafka, PostgreSQL, MLflow and the loop's components ..."):
-        timings = stack.up(loop_components(stack))
+        if chosen is not None:
+            apply_profile(chosen, settings.state_dir)  # the components inherit its environment
+        if chosen is not None or base is not None:
+            # The base must be the champion before the learner and the gateway start from it.
+            timings.update(stack.up())
+            version = register_base_model(stack, base)
+            if base is not None:
+                os.environ["LIVELOOP_LEARNER_BASE_MODEL"] = str(base.resolve())
+            console.print(f"base model {base or 'tiny'}: version {version}")
+        timings.update(stack.up(loop_components(stack)))
     parts = ", ".join(f"{name} {seconds:.1f}s" for name, seconds in timings.items())
     console.print(f"[green]up[/green] in {time.monotonic() - started:.1f}s ({parts})")
+    if chosen is not None:
+        console.print(f"profile {chosen.name}: {chosen.summary}")
     _print_status(stack.status(loop_components(stack)))
 
 
@@ -56,9 +101,11 @@ def up() -> None:
 def down(
     purge: Annotated[bool, typer.Option("--purge", help="Also delete all local state (data, logs, keys).")] = False,
 ) -> None:
-    """Stop everything ``up`` started; leaves no process behind. Data is kept for the next ``up``."""
-    stack = Stack()
+    """Stop everything ``up`` (or ``demo --keep-running``) started in this folder; leaves no process behind.
+    Data is kept for the next ``up``."""
+    stack = Stack(resolve_stack_settings(), create_credentials=False)
     names = [c.name for c in loop_components(stack)]
+    clear_mark(stack.settings)
     stopped = stack.purge(names) if purge else stack.down(names)
     console.print("stopped: " + (", ".join(stopped) if stopped else "nothing was running"))
     if purge:
@@ -67,13 +114,18 @@ def down(
 
 @app.command()
 def status(as_json: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")] = False) -> None:
-    """Each service and component with its address and health. Exits 1 if anything is unhealthy."""
-    stack = Stack()
+    """Each service and component with its address and health, then the champion, the candidate and the
+    gate's last decision. Exits 1 if anything is unhealthy."""
+    stack = Stack(resolve_stack_settings(), create_credentials=False)
     report = stack.status(loop_components(stack))
+    report["state_dir"] = str(stack.settings.state_dir)
+    report["models"] = _models(stack, report)
     if as_json:
         typer.echo(json.dumps(report, indent=2, sort_keys=True))
     else:
+        console.print(f"stack: {stack.settings.state_dir} (keys in {stack.settings.credentials_path})")
         _print_status(report)
+        print_models(report["models"], console)
     everything = list(report["services"].values()) + list(report["components"].values())
     if not all(item["healthy"] for item in everything):
         raise typer.Exit(1)
@@ -123,7 +175,18 @@ def schema_export(directory: Annotated[Path, typer.Argument(help="Folder to writ
         typer.echo(str(path))
 
 
-def _print_status(report: dict[str, dict[str, dict[str, object]]]) -> None:
+def _models(stack: Stack, report: dict[str, Any]) -> dict[str, Any]:
+    from serving.settings import ServingSettings
+
+    return models_section(
+        stack.endpoints.dsn(),
+        stack.endpoints.mlflow_url,
+        ServingSettings().model_name,
+        mlflow_healthy=bool(report["services"]["mlflow"]["healthy"]),
+    )
+
+
+def _print_status(report: dict[str, Any]) -> None:
     table = Table("kind", "name", "healthy", "address", "version")
     for kind in ("services", "components"):
         for name, item in report[kind].items():

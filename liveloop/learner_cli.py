@@ -49,10 +49,11 @@ def init_base(
     if settings.publishes:
         dsn = settings.dsn.get_secret_value() if settings.dsn else ""
         mlflow_uri = settings.mlflow_uri or ""
-    else:  # the local stack of `liveloop up`
+    else:  # the folder's running stack (`liveloop up`, or a kept-running demo), whose keys it reads
+        from infra.active import resolve_stack_settings
         from infra.stack import Stack
 
-        endpoints = Stack().endpoints
+        endpoints = Stack(resolve_stack_settings(), create_credentials=False).endpoints
         dsn, mlflow_uri = endpoints.dsn(), endpoints.mlflow_url
     version = register_base(folder, mlflow_uri=mlflow_uri, dsn=dsn)
     typer.echo(f"registered {settings.model_name} version {version} (alias champion if it had none)")

@@ -19,10 +19,10 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from infra.active import resolve_stack_settings
 from infra.credentials import load_credentials
 from infra.errors import AccessRefused
 from infra.registry import Registry
-from infra.settings import StackSettings
 from liveloop.exit_codes import LiveloopGroup, Refused, UsageProblem
 from liveloop.settings import OperatorSettings
 from serving.errors import ServingError
@@ -47,7 +47,7 @@ ActorOption = Annotated[str | None, typer.Option("--actor", help="Who decides; d
 def _promoter(key: str | None) -> Promoter:
     """Check the operator key, then build a Promoter on the configured (or local) stack."""
     settings = OperatorSettings()
-    stack_settings = StackSettings()
+    stack_settings = resolve_stack_settings()  # the folder's running stack, e.g. a kept-running demo
     credentials = load_credentials(settings.credentials_path or stack_settings.credentials_path)
     given = key if key is not None else (settings.key.get_secret_value() if settings.key else None)
     if not given:

@@ -3,8 +3,8 @@
 1. ``up`` the services; make the base model: the tiny Llama pre-trained briefly on the simulator's
    language (so its completions are plausible and about 40 % end the way ``semicolons`` users want),
    registered as version 1, alias ``champion``;
-2. start the loop's components with a compressed cadence (settings below, each overridable through
-   its ``LIVELOOP_<STAGE>_*`` variable), and wait for the gateway to serve the champion;
+2. start the loop's components at the ``fast`` profile's cadence (:mod:`liveloop.profiles`, each setting
+   overridable through its ``LIVELOOP_<STAGE>_*`` variable), and wait for the gateway to serve the champion;
 3. run the traffic simulator for ``minutes`` while a Rich view shows events, samples, the learner's
    step, checkpoints, gate decisions, the champion and acceptance by version;
 4. stop the simulator, write the report (:mod:`liveloop.demo.report`), and ``down`` unless asked to keep
@@ -16,7 +16,6 @@ The live view is :mod:`liveloop.demo.view`; while the demo runs, libraries log i
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.live import Live
 
+from infra.active import clear_mark, mark_running, refuse_if_other_running
 from infra.settings import StackSettings
 from infra.stack import Stack
 from liveloop.components import loop_components
@@ -32,41 +32,11 @@ from liveloop.demo.leak_scan import scan_for_leaks
 from liveloop.demo.quiet import library_output_to
 from liveloop.demo.report import DemoReport, LeakScan, collect_report, write_report
 from liveloop.demo.view import Watch, progress
-from serving.regression import DEFAULT_SUITE
+from liveloop.profiles import FAST, apply_profile, register_base_model
 
-# The compressed cadence of the demo, from the learnability experiment (tests/liveloop/
-# learnability_experiment.py): at lr 5e-4 a round of 64 samples per step lifts acceptance by
-# 15 points within about 256 samples; one torch thread per process, because on 2 cores extra
-# threads only spin against the other processes. A fifth of the samples, not a tenth, is held out for
-# the gate: a checkpoint every minute or two leaves it a few dozen samples to judge on, and at a tenth
-# it rejected candidates that had learned, on the width of the confidence interval or on too small
-# an effective sample size. The learner and the gate must hold out the same share.
-DEMO_ENVIRONMENT = {
-    "LIVELOOP_LEARNER_LR": "5e-4",
-    "LIVELOOP_LEARNER_ROUND_SAMPLES": "64",
-    "LIVELOOP_LEARNER_TOKEN_BUDGET": "4096",
-    "LIVELOOP_LEARNER_MIN_SAMPLES": "64",
-    "LIVELOOP_LEARNER_CHECKPOINT_INTERVAL_S": "120",
-    "LIVELOOP_HELD_OUT_PERCENT": "20",
-    "LIVELOOP_LEARNER_THREADS": "1",
-    "LIVELOOP_SERVING_TORCH_THREADS": "1",
-    "LIVELOOP_SERVING_SWAP_RECONCILE_INTERVAL_S": "5",
-    "OMP_NUM_THREADS": "1",
-    # The regression suite with the demo language's prompts and its well-formedness rule, so that the
-    # gate can reject a candidate whose completions stop being valid statements.
-    "LIVELOOP_GATE_SUITE_PATH": str(DEFAULT_SUITE.with_name("code-demo.yaml")),
-}
-# Diversity: learning the users' preference narrows the completions, and at the demo's learning rate a
-# two-minute cycle can narrow them by a third (a run here: a distinct share of 0.84 for the champion's
-# probe, 0.56 for the next candidate), which the default ratio of 0.7 rejects cycle after cycle. The demo
-# allows half per step and guards against collapse with an absolute floor on the probe's distinct share.
-GATE_POLICY = {
-    "version": "demo-2",
-    "auto_promote": True,
-    "min_held_out_samples": 20,
-    "min_distinct_share_ratio": 0.5,
-    "min_distinct_share": 0.4,
-}
+# The demo runs the loop at the `fast` profile's cadence (liveloop.profiles), which `liveloop up --profile
+# fast` offers to a team's own traffic. The name stays for the loops that reuse the demo's environment.
+DEMO_ENVIRONMENT = FAST.environment
 PRETRAIN_STEPS = 400
 
 
@@ -84,35 +54,31 @@ class DemoOptions:
 
 
 def make_base_model(stack: Stack, profile: str, seed: int) -> tuple[Path, int]:
-    """Pre-train the tiny base on the profile's language into ``<state>/base-model``, write it as the
-    lineage's base checkpoint and register it as the first champion; return the folder and its version.
-    The learner must start from this folder too (``LIVELOOP_LEARNER_BASE_MODEL``), or its first
-    candidate would not descend from the champion."""
-    from learner.checkpoint import write_base_checkpoint
+    """Pre-train the tiny base on the profile's language into ``<state>/base-model``, then make it the
+    lineage's base and first champion (:func:`liveloop.profiles.register_base_model`); return the folder
+    and its version. The learner must start from this folder too (``LIVELOOP_LEARNER_BASE_MODEL``)."""
     from learner.pretrain import pretrain
-    from learner.publish import register_base
-    from learner.settings import LearnerSettings
     from learner.tiny_model import TinyModelSpec, build_tiny_model, byte_tokenizer
     from liveloop.demo.simulator.language import pretraining_corpus
 
-    state = stack.settings.state_dir.resolve()
-    source = state / "base-model"
+    source = stack.settings.state_dir.resolve() / "base-model"
     if not (source / "config.json").is_file():
         model, tokenizer = build_tiny_model(TinyModelSpec(seed=seed)), byte_tokenizer()
         corpus = pretraining_corpus(profile, size=4000, seed=seed)
         pretrain(model, tokenizer, corpus, steps=PRETRAIN_STEPS, lr=3e-3, batch_size=32, seed=seed, threads=1)
         model.save_pretrained(source, safe_serialization=True)
         tokenizer.save_pretrained(source)
-    folder = write_base_checkpoint(state / "learner", LearnerSettings().model_name, source)
-    return source, register_base(folder, mlflow_uri=stack.endpoints.mlflow_url, dsn=stack.endpoints.dsn())
+    return source, register_base_model(stack, source)
 
 
 def run_demo(options: DemoOptions, console: Console) -> DemoReport:
     """Run the demo end to end; return the report (also written to ``options.report_dir``). The console
     shows the demo's own steps and live view; libraries log into ``<state>/logs/demo.log``."""
-    stack = Stack(StackSettings(state_dir=options.state_dir))
-    stack.purge()  # every demo starts from nothing: a fresh broker, database, registry and learner
-    stack = Stack(StackSettings(state_dir=options.state_dir))
+    settings = StackSettings(state_dir=options.state_dir)
+    refuse_if_other_running(settings)  # a `liveloop up` of this folder holds the ports and its own keys
+    Stack(settings).purge()  # every demo starts from nothing: a fresh broker, database, registry and learner
+    stack = Stack(settings)
+    mark_running(settings, "liveloop demo")  # so `liveloop status`/`down` in this folder find the demo's stack
     log_file = stack.settings.logs_dir.resolve() / "demo.log"
     with library_output_to(log_file):
         console.print(f"libraries log to {log_file}")
@@ -126,10 +92,7 @@ def _run(stack: Stack, options: DemoOptions, console: Console) -> DemoReport:
 
     state = stack.settings.state_dir.resolve()
     state.mkdir(parents=True, exist_ok=True)
-    policy_path = state / "demo-gate-policy.json"
-    policy_path.write_text(json.dumps(GATE_POLICY), encoding="utf-8")
-    for key, value in {**DEMO_ENVIRONMENT, "LIVELOOP_GATE_POLICY_PATH": str(policy_path)}.items():
-        os.environ.setdefault(key, value)  # the components inherit these; a user's own values win
+    apply_profile(FAST, state)  # the components inherit its environment; a user's own values win
     console.print("[bold]1/4[/bold] starting Kafka, PostgreSQL and MLflow")
     stack.up()
     console.print(f"[bold]2/4[/bold] pre-training the tiny base model on the '{options.profile}' language")
@@ -175,10 +138,14 @@ def _run(stack: Stack, options: DemoOptions, console: Console) -> DemoReport:
         write_report(report, summary, options.report_dir)
     finally:
         if options.keep_running:
-            console.print(f"the loop keeps running: LIVELOOP_INFRA_STATE_DIR={options.state_dir} liveloop status")
+            console.print(
+                f"the loop keeps running from {options.state_dir}: `liveloop status` and `liveloop down` in this "
+                f"folder find it; its keys are in {stack.settings.credentials_path}"
+            )
         else:
             console.print(f"stopping the loop (its data stays in {options.state_dir} until the next demo)")
             stack.down()
+            clear_mark(stack.settings)
     return report
 
 
