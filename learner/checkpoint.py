@@ -167,10 +167,10 @@ def check_lineage_held_out(newest: CheckpointManifest, held_out: HeldOutRule) ->
 
     A checkpoint's weights hold everything its ancestors trained on, so a lineage that skipped one split and
     then moved to another has trained on part of the new one, which its later manifests could not show: the
-    gate would score it on samples it learned from. The base (policy 0) trained on nothing, and a schema 1
+    gate would score it on samples it learned from. The base (no parent) trained on nothing, and a schema 1
     manifest recorded no rule, so neither is checked.
     """
-    if newest.policy_version == 0 or newest.held_out is None or newest.held_out == held_out:
+    if newest.parent_id is None or newest.held_out is None or newest.held_out == held_out:
         return
     raise StateError(
         f"checkpoint {newest.checkpoint_id} was trained with held-out split {newest.held_out.describe()}, but this "

@@ -41,7 +41,9 @@ def test_the_base_manifest_records_the_rule_and_a_schema_1_manifest_still_reads(
 def test_a_lineage_is_not_continued_under_another_split(tmp_path: Path) -> None:
     """Its weights hold what its ancestors trained on: after a change of share, part of the new split."""
     base = read_manifest(write_base_checkpoint(tmp_path, "held-out-test", held_out=HeldOutRule(percent=10)))
-    trained = base.model_copy(update={"policy_version": 3, "checkpoint_id": "held-out-test-v00003"})
+    trained = base.model_copy(
+        update={"policy_version": 3, "checkpoint_id": "held-out-test-v00003", "parent_id": base.checkpoint_id}
+    )
     check_lineage_held_out(base, HeldOutRule(percent=20))  # the base trained on nothing
     check_lineage_held_out(trained, HeldOutRule(percent=10))
     check_lineage_held_out(trained.model_copy(update={"held_out": None, "schema_version": 1}), HeldOutRule(percent=20))
