@@ -132,8 +132,12 @@ def build_manifest(
     positions: Mapping[int, int],
     files: dict[str, str],
     held_out: HeldOutRule,
+    reference_id: str | None = None,
+    rebased_from: str | None = None,
 ) -> CheckpointManifest:
-    """The manifest of a checkpoint written now; ``held_out`` is the split the learner's intake skipped."""
+    """The manifest of a checkpoint written now; ``held_out`` is the split the learner's intake skipped,
+    ``parent_id`` the checkpoint its weights descend from, ``reference_id`` its cycle's KL reference and
+    ``rebased_from`` the checkpoint a rebase left (see :mod:`learner.lineage`)."""
     # The split decides which samples train, so it belongs in the hashed config as well as in its own field.
     training_config = {**settings.training_config(), "held_out": held_out.model_dump()}
     return CheckpointManifest(
@@ -159,6 +163,8 @@ def build_manifest(
         files=files,
         created_at=now_utc(),
         held_out=held_out,
+        reference_id=reference_id,
+        rebased_from=rebased_from,
     )
 
 
@@ -167,10 +173,10 @@ def check_lineage_held_out(newest: CheckpointManifest, held_out: HeldOutRule) ->
 
     A checkpoint's weights hold everything its ancestors trained on, so a lineage that skipped one split and
     then moved to another has trained on part of the new one, which its later manifests could not show: the
-    gate would score it on samples it learned from. The base (policy 0) trained on nothing, and a schema 1
+    gate would score it on samples it learned from. The base (version 1) trained on nothing, and a schema 1
     manifest recorded no rule, so neither is checked.
     """
-    if newest.policy_version == 0 or newest.held_out is None or newest.held_out == held_out:
+    if newest.policy_version == BASE_POLICY_VERSION or newest.held_out is None or newest.held_out == held_out:
         return
     raise StateError(
         f"checkpoint {newest.checkpoint_id} was trained with held-out split {newest.held_out.describe()}, but this "
