@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import shutil
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -95,13 +96,16 @@ class ChampionWatch:
         champion = self.champion(fresh)
         if champion is None:
             return None
-        line = self.line(head)
-        if champion.checkpoint_id not in [checkpoint_id for checkpoint_id, _ in line]:
+        # Read back from the head only as far as the champion (a long lineage is not read at every round).
+        segment: list[tuple[str, int]] = []
+        for checkpoint_id, version in self.line(head):
+            if checkpoint_id == champion.checkpoint_id:
+                break
+            segment.append((checkpoint_id, version))
+        else:
             log.info("the champion %s is not on the learner's line (head %s): rebasing", champion.checkpoint_id, head)
             return champion
-        for checkpoint_id, version in line:
-            if checkpoint_id == champion.checkpoint_id:
-                return None
+        for checkpoint_id, version in segment:
             if self._is_rejected(version):
                 log.info("%s was rejected or rolled back: rebasing onto %s", checkpoint_id, champion.checkpoint_id)
                 return champion
@@ -122,18 +126,18 @@ class ChampionWatch:
             return True
         return False
 
-    def line(self, head: str) -> list[tuple[str, int]]:
+    def line(self, head: str) -> Iterator[tuple[str, int]]:
         """(checkpoint id, version) of ``head`` and its ancestors, newest first, as far as local manifests go."""
-        found: list[tuple[str, int]] = []
+        visited: set[str] = set()
         checkpoint_id: str | None = head
-        while checkpoint_id is not None and checkpoint_id not in [c for c, _ in found]:
+        while checkpoint_id is not None and checkpoint_id not in visited:
             folder = self.local(checkpoint_id)
             if folder is None:
-                break
+                return
+            visited.add(checkpoint_id)
             manifest = read_manifest(folder)
-            found.append((checkpoint_id, manifest.policy_version))
+            yield checkpoint_id, manifest.policy_version
             checkpoint_id = manifest.parent_id
-        return found
 
     def local(self, checkpoint_id: str) -> Path | None:
         """The local folder of ``checkpoint_id``: written by this learner, or a champion downloaded before."""
