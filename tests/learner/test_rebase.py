@@ -4,7 +4,8 @@ One run: v2 is promoted, so v3 descends from it without a rebase; v3 is rejected
 round on top of it, so the learner rebases onto v2 (SIGKILLed in the middle of the rebase and restarted) and
 v4 descends from the champion v2, with v2 as its KL reference and v3 named as the line it left. v4's weights
 are what a learner started from v2 computes on the cycle's rounds (the replayed one and the next), so what
-the rejected line learned since v3 survives as samples, not weights, and the crash changed nothing.
+the rejected line learned since v3 survives as samples, not weights, and the crash changed nothing. v4 is
+rejected too, and v5 again descends from v2: rejections in a row do not stall the learner.
 """
 
 from __future__ import annotations
@@ -103,6 +104,11 @@ def test_a_rejected_candidate_is_left_and_the_next_descends_from_the_champion_ev
         wait_for([data_dir / "published" / ids[4]], [job])
         status = _status(env, lambda s: s.get("last_checkpoint_id") == ids[4], job)
         assert (status["parent_id"], status["reference_id"]) == (ids[4], ids[2])
+        state = read_state(data_dir / "state" / ids[3])  # kept while v3 is the newest but one
+        # Rejected again: the learner does not stall on a rejected line, v5 starts from the champion again.
+        gate.reject(4, actor="test", reason="still not better")
+        produce(endpoints.kafka_bootstrap, topic, training_samples(48, 16))
+        wait_for([data_dir / "published" / ids[5]], [job])
         assert job.stop() == [0]
     finally:
         job.kill()
@@ -114,11 +120,13 @@ def test_a_rejected_candidate_is_left_and_the_next_descends_from_the_champion_ev
     assert (v4.parent_id, v4.rebased_from, v4.reference_id, v4.schema_version) == (ids[2], ids[3], ids[2], 3)
     assert v4.sample_count == 16
     assert [(r.first_offset, r.last_offset) for r in v4.consumed] == [(32, 47)]
+    v5 = verify_checkpoint(data_dir / "checkpoints" / ids[5])
+    assert (v5.parent_id, v5.rebased_from, v5.reference_id) == (ids[2], ids[4], ids[2])
+    assert [(r.first_offset, r.last_offset) for r in v5.consumed] == [(48, 63)]
 
     # What a learner started from v2 (fresh optimizer, v2 as reference) computes on the two rounds, from v3's
     # baseline and seen samples: the samples of the rejected line's last round were trained again, on v2.
     init_distributed(1)
-    state = read_state(data_dir / "state" / ids[3])
     fresh = LearnerEngine(
         LearnerSettings(
             data_dir=tmp_path / "fresh",
