@@ -77,6 +77,13 @@ class Registry:
         except MlflowException as exc:
             raise RegistryError(f"{name} has no version {version} in the registry: {exc}") from exc
 
+    def version_tags(self, name: str, version: int) -> dict[str, str]:
+        """The tags of version ``version`` of ``name`` (one request)."""
+        try:
+            return dict(self._direct().get_model_version(name, str(version)).tags)
+        except MlflowException as exc:
+            raise RegistryError(f"reading the tags of {name} version {version} failed: {exc}") from exc
+
     def set_alias(self, name: str, alias: str, version: int) -> None:
         """Point ``alias`` of ``name`` at ``version`` (moving it if it pointed elsewhere)."""
         try:

@@ -132,8 +132,12 @@ def build_manifest(
     positions: Mapping[int, int],
     files: dict[str, str],
     held_out: HeldOutRule,
+    reference_id: str | None = None,
+    rebased_from: str | None = None,
 ) -> CheckpointManifest:
-    """The manifest of a checkpoint written now; ``held_out`` is the split the learner's intake skipped."""
+    """The manifest of a checkpoint written now; ``held_out`` is the split the learner's intake skipped,
+    ``parent_id`` the checkpoint its weights descend from, ``reference_id`` its cycle's KL reference and
+    ``rebased_from`` the checkpoint a rebase left (see :mod:`learner.lineage`)."""
     # The split decides which samples train, so it belongs in the hashed config as well as in its own field.
     training_config = {**settings.training_config(), "held_out": held_out.model_dump()}
     return CheckpointManifest(
@@ -159,6 +163,8 @@ def build_manifest(
         files=files,
         created_at=now_utc(),
         held_out=held_out,
+        reference_id=reference_id,
+        rebased_from=rebased_from,
     )
 
 

@@ -186,8 +186,6 @@ class LearnerEngine:
     """The policy under DeepSpeed, plus (when ``kl_coef > 0``) a frozen reference copy for the KL term."""
 
     def __init__(self, settings: LearnerSettings, rank: int, world_size: int) -> None:
-        import deepspeed
-
         self.settings = settings
         self.rank = rank
         self.world_size = world_size
@@ -197,7 +195,18 @@ class LearnerEngine:
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()  # "Writing model shards" bars at every checkpoint
-        model = load_base_model(settings.base_model)
+        self.engine: Any = None
+        self.reference: Any = None
+        self._build(settings.base_model)
+        self.refresh_reference()
+
+    def _build(self, weights: str) -> None:
+        """(Re)create the DeepSpeed engine around the model in ``weights`` (a folder, or 'tiny'), with a fresh
+        optimizer: Adam's moments start at zero and its step count at 0."""
+        import deepspeed
+
+        settings = self.settings
+        model = load_base_model(weights)
         if settings.lora:
             from peft import LoraConfig, get_peft_model
 
@@ -216,10 +225,20 @@ class LearnerEngine:
                 )
         model.train()
         trainable = [p for p in model.parameters() if p.requires_grad]
+        self.engine = None  # drop the old engine (and its optimizer state) before building the next
         self.engine, _, _, _ = deepspeed.initialize(
             model=model, model_parameters=trainable, config=deepspeed_config(settings)
         )
-        self.reference: Any = None
+
+    def rebase(self, folder: Path) -> None:
+        """Start again from the full-weights checkpoint in ``folder`` (the champion): its weights, a fresh
+        optimizer (the moments of another line mean nothing here) and it as the KL reference. Every rank calls it."""
+        if self.settings.lora:
+            raise TrainingEngineError(
+                "rebasing onto the champion needs full-weight checkpoints; with lora=true the learner cannot "
+                "load an adapter checkpoint as its starting point yet"
+            )
+        self._build(str(folder))
         self.refresh_reference()
 
     @property
@@ -227,11 +246,18 @@ class LearnerEngine:
         """The trained model (a Hugging Face causal LM, or a peft model around one)."""
         return self.engine.module
 
-    def refresh_reference(self) -> None:
-        """Freeze the current policy as the KL reference (the start of a cycle); nothing when kl_coef is 0."""
+    def refresh_reference(self, folder: Path | None = None) -> None:
+        """Freeze the KL reference: the checkpoint in ``folder`` (the champion, full weights), or the current
+        policy when None (the champion is the policy: at a rebase, or a learner without a registry). Nothing
+        when kl_coef is 0."""
         if self.loss_config.kl_coef <= 0:
             return
-        self.reference = copy.deepcopy(self.engine.module).eval()
+        if folder is None or self.settings.lora:
+            reference = copy.deepcopy(self.engine.module)
+        else:
+            dtype = next(self.engine.module.parameters()).dtype  # bf16 on GPUs, like the policy it is compared with
+            reference = load_base_model(str(folder)).to(device=self.engine.device, dtype=dtype)
+        self.reference = reference.eval()
         for parameter in self.reference.parameters():
             parameter.requires_grad_(False)
 
@@ -316,7 +342,6 @@ class LearnerEngine:
             raise TrainingEngineError(
                 f"DeepSpeed could not load the state in {folder}; delete the folder to start over"
             )
-        self.refresh_reference()
 
     def save_pretrained(self, folder: Path, state_folder: Path | None = None) -> None:
         """Save the consolidated weights (or the LoRA adapter) as safetensors into ``folder``; rank 0 only.

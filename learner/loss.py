@@ -7,7 +7,8 @@ each sample), not from the weights being trained (``pi_theta``). Each term is a 
   ``min(ratio, c)``, detached: truncation bounds the variance a stale sample can add (c = ``is_cap``);
 - :func:`normalise_advantages` per batch, so the step size does not follow the reward scale;
 - :func:`kl_penalty`, the k3 estimator of KL(pi_theta || ref) per token, ref = the champion at the
-  start of the cycle, which keeps the learner near what the gate compares it to;
+  start of the cycle (the one the learner rebased onto, or read before its last checkpoint; see
+  :mod:`learner.lineage`), which keeps the learner near what the gate compares it to;
 - :func:`policy_gradient_loss` puts them together over the policy's tokens (the loss mask) only.
 """
 

@@ -22,6 +22,11 @@ Decisions a reader must know:
 - ``held_out`` is the evaluation split (:class:`distill.samples.HeldOutRule`) the lineage never trained
   on, so the gate can refuse a candidate judged under another split. Schema 1 manifests (written before
   it was recorded) still read, with ``held_out`` None; the gate refuses such a candidate.
+- ``parent_id`` is the checkpoint whose weights this one was trained from: the learner's previous
+  checkpoint, or, after a *rebase* (:mod:`learner.lineage`: its newest checkpoint was rejected, or the
+  champion moved off its line), the champion it started again from; ``rebased_from`` then names the
+  checkpoint it left. ``reference_id`` is the KL reference the cycle trained against (the champion when
+  the cycle started). Schema 3 added both; older manifests read with them None.
 """
 
 from __future__ import annotations
@@ -41,8 +46,8 @@ from learner.errors import LearnerError
 MANIFEST_FILE = "liveloop-manifest.json"
 """The manifest's name inside a checkpoint folder."""
 
-MANIFEST_SCHEMA_VERSION = 2
-"""2 added ``held_out``; 1 is still read."""
+MANIFEST_SCHEMA_VERSION = 3
+"""3 added ``reference_id`` and ``rebased_from``, 2 ``held_out``; 1 and 2 are still read."""
 
 BASE_POLICY_VERSION = 1
 """The base model's version: MLflow version 1 of its registered model, so the two numbers are one."""
@@ -112,6 +117,16 @@ class CheckpointManifest(BaseModel):
     created_at: AwareDatetime
     held_out: HeldOutRule | None = Field(
         default=None, description="The held-out split never trained on; None only in schema 1 manifests."
+    )
+    reference_id: str | None = Field(
+        default=None,
+        pattern=_CHECKPOINT_ID,
+        description="The KL reference's checkpoint (the champion when the cycle started); None for the base.",
+    )
+    rebased_from: str | None = Field(
+        default=None,
+        pattern=_CHECKPOINT_ID,
+        description="The checkpoint the learner left to start again from parent_id (the champion), or None.",
     )
 
     @model_validator(mode="after")

@@ -8,6 +8,10 @@ checkpoint's own entry: the same ranges read again, admitted in the same (partit
 packed into the same batches with the same advantages and step seeds, so the replay computes what
 the first attempt computed.
 
+A rebase entry (:class:`RebaseEntry`, see :mod:`learner.lineage`) is journaled before the learner drops its
+weights for the champion's; replaying it loads the same champion and re-trains the same rounds, so a crash
+during or after a rebase ends where an uninterrupted learner does.
+
 A torn last line (a crash during the append) is dropped when the journal is opened: that round never
 started training, and its records are simply read again live.
 """
@@ -58,10 +62,29 @@ class CheckpointEntry(BaseModel):
         description="The checkpoint's version, chosen when it was journaled (it may skip numbers to match the "
         "registry's, so a replay must not recompute it); absent in journals written before it was recorded.",
     )
+    reference_id: str | None = Field(
+        default=None,
+        description="The KL reference of the cycle that starts after this checkpoint (the champion read before it "
+        "was journaled; the checkpoint itself when the learner has no registry); None in older journals: itself.",
+    )
 
 
-JournalEntry = Annotated[RoundEntry | CheckpointEntry, Field(discriminator="kind")]
-_ENTRY: TypeAdapter[RoundEntry | CheckpointEntry] = TypeAdapter(JournalEntry)
+class RebaseEntry(BaseModel):
+    """The intent to leave checkpoint ``parent``'s line for the champion ``onto``: load its weights, reset the
+    optimizer and the KL reference to it, and train the cycle's rounds again on top of it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["rebase"] = "rebase"
+    parent: str = Field(description="The newest checkpoint (the cycle's start), as in the round entries.")
+    left: str = Field(description="The head of the line left behind (the rejected checkpoint or its descendant).")
+    onto: str = Field(description="The champion's checkpoint id, the new parent.")
+    onto_version: int = Field(ge=1, description="The champion's version (its MLflow version).")
+
+
+Entry = RoundEntry | CheckpointEntry | RebaseEntry
+JournalEntry = Annotated[Entry, Field(discriminator="kind")]
+_ENTRY: TypeAdapter[Entry] = TypeAdapter(JournalEntry)
 
 
 class RoundJournal:
@@ -69,7 +92,7 @@ class RoundJournal:
 
     def __init__(self, data_dir: Path) -> None:
         self.path = data_dir / JOURNAL_FILE
-        self.entries: list[RoundEntry | CheckpointEntry] = []
+        self.entries: list[Entry] = []
         if self.path.exists():
             self._load()
 
@@ -97,7 +120,7 @@ class RoundJournal:
             os.fsync(handle.fileno())
         temporary.replace(self.path)
 
-    def append(self, entry: RoundEntry | CheckpointEntry) -> None:
+    def append(self, entry: Entry) -> None:
         """Append ``entry`` durably (write, flush, fsync) before anything acts on it."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self.path.open("ab") as handle:
@@ -117,7 +140,7 @@ class RoundJournal:
                 self.entries = kept
                 return
 
-    def after(self, checkpoint_id: str) -> list[RoundEntry | CheckpointEntry]:
+    def after(self, checkpoint_id: str) -> list[Entry]:
         """The entries written after the intent of ``checkpoint_id`` (all of them if it has none: the base)."""
         for index in range(len(self.entries) - 1, -1, -1):
             entry = self.entries[index]

@@ -9,6 +9,7 @@ The order that makes a crash anywhere harmless (see :mod:`learner.rounds`, :mod:
 journal a round, then train it; journal a checkpoint intent, then save the state (temp, rename), then the
 published folder (temp, rename), then publish, then mark it published. A restart deletes temporaries and
 orphan states, re-publishes an unpublished checkpoint, loads the newest state and replays the journal.
+The line follows the champion (:mod:`learner.lineage`): a rebase is journaled before the weights change.
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ from learner.checkpoint import (
 from learner.engine import LearnerEngine, base_model_label, init_distributed
 from learner.errors import LearnerError
 from learner.intake import Intake, recent_seen
-from learner.manifest import BASE_POLICY_VERSION, OffsetRange
+from learner.lineage import ChampionWatch
+from learner.manifest import BASE_POLICY_VERSION, ManifestError, OffsetRange
 from learner.metrics import (
     CHECKPOINT_SECONDS,
     CHECKPOINTS,
@@ -50,7 +52,7 @@ from learner.metrics import (
     STEPS,
 )
 from learner.outbox import PublishOutbox
-from learner.rounds import CheckpointEntry, RoundEntry, RoundJournal, plan_round, round_ranges
+from learner.rounds import CheckpointEntry, RebaseEntry, RoundEntry, RoundJournal, plan_round, round_ranges
 from learner.settings import LearnerSettings
 from learner.source import Polled, SampleSource, read_ranges
 from learner.state import (
@@ -89,6 +91,7 @@ class Learner:
         self.source: SampleSource | None = None
         self.server: StatusServer | None = None
         self.outbox = PublishOutbox(settings, self.data)
+        self.watch = ChampionWatch(settings, self.data)
         self._last_told = time.monotonic()
         self._last_lag = 0.0
         self._lag: dict[int, int] = {}
@@ -127,7 +130,9 @@ class Learner:
             elif name == "load_state":
                 self.engine.load_state(Path(args[0]))
             elif name == "refresh":
-                self.engine.refresh_reference()
+                self.engine.refresh_reference(Path(args[0]) if args[0] else None)
+            elif name == "rebase":
+                self.engine.rebase(Path(args[0]))
 
     def request_stop(self, signum: int, _frame: Any) -> None:
         """Signal handler: finish the current round, checkpoint what is pending, exit (only sets a flag:
@@ -210,6 +215,7 @@ class Learner:
             state = read_state(folder)
             self._tell("load_state", str(folder))
             self.engine.load_state(folder)
+            self._refresh_reference(state.reference_id or state.checkpoint_id, state.checkpoint_id)
         for path in orphans:
             log.warning("deleted the orphan state %s (its checkpoint was never completed)", path)
         # Positions come from the checkpoint's manifest (the contract), never from committed group offsets.
@@ -222,7 +228,7 @@ class Learner:
         journal_entries = self.journal.after(state.checkpoint_id)
         if journal_entries:
             log.info("replaying %d journal entries after %s", len(journal_entries), state.checkpoint_id)
-        for entry in journal_entries:
+        for index, entry in enumerate(journal_entries):
             if entry.parent != self.last.checkpoint_id:
                 raise StateError(
                     f"{self.journal.path}: entry {entry} follows {entry.parent}, but the newest checkpoint is "
@@ -230,6 +236,8 @@ class Learner:
                 )
             if isinstance(entry, RoundEntry):
                 self._round(read_ranges(self.settings.bootstrap, entry.ranges), entry.ranges, replay=entry)
+            elif isinstance(entry, RebaseEntry):
+                self._rebase(entry, [e for e in journal_entries[:index] if isinstance(e, RoundEntry)])
             else:
                 self._checkpoint(entry)
         self.source_.seek(self.positions)
@@ -257,6 +265,11 @@ class Learner:
         self.seen_versions += [state.policy_version] * (len(self.seen_ids) - len(self.seen_versions))
         self.intake = Intake(state.policy_version, self.settings.max_staleness, self.seen_ids, self.held_out)
         self.cycle = CycleRecord()
+        # The line: the checkpoint the weights descend from (the champion after a rebase), the KL reference
+        # of this cycle, and the checkpoint a rebase left (None until one happens).
+        self.head = state.checkpoint_id
+        self.reference_id = state.reference_id or state.checkpoint_id
+        self.rebased_from: str | None = None
 
     # -- rounds -------------------------------------------------------------------------------
 
@@ -275,6 +288,7 @@ class Learner:
                 self.buffer_estimate += 1
 
     def _round_live(self) -> None:
+        self._follow_champion(fresh=False)
         ranges = round_ranges(self.settings.samples_topic, self.positions, self.buffer_last)
         records = sorted(self.buffer, key=lambda r: (r.partition, r.offset))
         self.buffer, self.buffer_ids, self.buffer_estimate, self.buffer_last = [], set(), 0, {}
@@ -341,13 +355,19 @@ class Learner:
         started = time.monotonic()
         self.board.update(activity="checkpointing")
         if replay is None:
+            self._follow_champion(fresh=True)  # a checkpoint of a rejected line would be a candidate to reject
             policy_version = self._next_version()
             checkpoint_id = checkpoint_id_for(self.settings.model_name, policy_version)
+            champion = self.watch.current if self.settings.publishes else None
+            if champion is not None and self.watch.local(champion.checkpoint_id) is None:
+                champion = None  # off the line and not downloaded (a rebase that could not fetch it): no reference
             entry = CheckpointEntry(
                 checkpoint_id=checkpoint_id,
                 parent=self.last.checkpoint_id,
                 after_round=self.round,
                 policy_version=policy_version,
+                # The next cycle's KL reference: the champion (on the line now), else this checkpoint itself.
+                reference_id=champion.checkpoint_id if champion else checkpoint_id,
             )
             self.journal.append(entry)
         else:  # the number chosen before the crash (a journal written before entries named it: the parent's + 1)
@@ -355,6 +375,8 @@ class Learner:
             checkpoint_id = checkpoint_id_for(self.settings.model_name, policy_version)
             if replay.checkpoint_id != checkpoint_id:
                 raise StateError(f"journal says checkpoint {replay.checkpoint_id}, expected {checkpoint_id}")
+            entry = replay
+        next_reference = entry.reference_id or checkpoint_id
         now = datetime.now(UTC)
         self.seen_ids, self.seen_versions = recent_seen(
             self.seen_ids, self.seen_versions, policy_version - self.settings.max_staleness
@@ -370,6 +392,7 @@ class Learner:
             seen_policy_versions=self.seen_versions,
             checkpoint_sample_ids=self.cycle.sample_ids,
             checkpointed_at=now,
+            reference_id=next_reference,
         )
         temporary = self.data.temp_state(checkpoint_id)
         if temporary.exists():
@@ -380,19 +403,20 @@ class Learner:
         state_folder = self.data.state_of(checkpoint_id)
         commit_folder(temporary, state_folder)
         cycle = self.cycle
+        line = {"parent_id": self.head, "reference_id": self.reference_id, "rebased_from": self.rebased_from}
 
         def manifest_for(files: dict[str, str]) -> Any:
             return build_manifest(
                 settings=self.settings,
                 base_label=self.base_label,
                 checkpoint_id=checkpoint_id,
-                parent_id=self.last.checkpoint_id,
                 policy_version=policy_version,
                 step=self.step,
                 cycle=cycle,
                 positions=self.positions,
                 files=files,
                 held_out=self.held_out,
+                **line,
             )
 
         write_checkpoint_folder(
@@ -407,12 +431,56 @@ class Learner:
         log.info("checkpoint %s: %d samples, step %d", checkpoint_id, len(cycle.sample_ids), self.step)
         self._adopt(state, self.positions)
         self.journal.compact(checkpoint_id)
-        self._tell("refresh")
-        self.engine.refresh_reference()
+        self._refresh_reference(next_reference, checkpoint_id)
         self.outbox.add(checkpoint_id)
         self._report()  # /status names the checkpoint (written, not yet published) before its published marker exists
         self._publish()
         self.board.update(activity="waiting")
+
+    # -- following the champion (learner.lineage) ------------------------------------------------
+
+    def _follow_champion(self, fresh: bool) -> None:
+        """Rebase onto the champion when the learner's line was rejected or left; see :mod:`learner.lineage`."""
+        champion = self.watch.rebase_target(self.head, fresh)
+        if champion is None:
+            return
+        from infra.registry import RegistryError  # lazily, like every registry use here (MLflow is slow to import)
+
+        rounds = [e for e in self.journal.after(self.last.checkpoint_id) if isinstance(e, RoundEntry)]
+        try:
+            self.watch.folder_of(champion.checkpoint_id, champion.version)  # download before journaling it
+        except (RegistryError, ManifestError) as exc:
+            log.warning("cannot rebase onto the champion %s yet (%s); trying again later", champion.checkpoint_id, exc)
+            return
+        entry = RebaseEntry(
+            parent=self.last.checkpoint_id, left=self.head, onto=champion.checkpoint_id, onto_version=champion.version
+        )
+        self.journal.append(entry)
+        self._rebase(entry, rounds)
+
+    def _rebase(self, entry: RebaseEntry, rounds: list[RoundEntry]) -> None:
+        """Load the champion ``entry.onto`` (fresh optimizer, it as the KL reference), then train the cycle's
+        ``rounds`` again on top of it, from the newest checkpoint's baseline and seen samples."""
+        self.board.update(activity="rebasing")
+        folder = self.watch.folder_of(entry.onto, entry.onto_version)
+        log.info("rebasing from %s onto the champion %s, then %d rounds again", entry.left, entry.onto, len(rounds))
+        self._tell("rebase", str(folder))
+        self.engine.rebase(folder)
+        pause_if(self.settings, "mid_rebase")
+        # The rounds move the positions on to where they are now; the buffer beyond them stays.
+        self._adopt(self.last, self.positions)
+        for replay in rounds:
+            self._round(read_ranges(self.settings.bootstrap, replay.ranges), replay.ranges, replay=replay)
+        self.head, self.reference_id, self.rebased_from = entry.onto, entry.onto, entry.left
+        self._report()
+
+    def _refresh_reference(self, reference_id: str, own_id: str) -> None:
+        """Make ``reference_id`` the KL reference: the weights now when it is ``own_id``, else its folder."""
+        folder = None if reference_id == own_id else self.watch.local(reference_id)
+        if reference_id != own_id and folder is None:
+            raise StateError(f"the KL reference {reference_id} has no folder in {self.data.root}; restore it")
+        self._tell("refresh", str(folder) if folder else "")
+        self.engine.refresh_reference(folder)
 
     def _next_version(self) -> int:
         """The next checkpoint's version: the number MLflow will give it (see ``next_policy_version``)."""
@@ -458,6 +526,9 @@ class Learner:
             round=self.round,
             policy_version=self.last.policy_version,
             last_checkpoint_id=self.last.checkpoint_id,
+            parent_id=self.head,
+            reference_id=self.reference_id,
+            rebased_from=self.rebased_from,
             samples_since_checkpoint=pending,
             next_checkpoint_at=due_at.isoformat(),
             lag={str(p): lag for p, lag in sorted(self._lag.items())},

@@ -15,7 +15,7 @@ from pydantic_settings import SettingsConfigDict
 
 from infra.settings import KAFKA_BOOTSTRAP_DEFAULT, KafkaBootstrap, LiveloopSettings, MlflowUrl, PostgresDsn, TopicName
 
-PausePoint = Literal["none", "mid_round", "mid_checkpoint"]
+PausePoint = Literal["none", "mid_round", "mid_checkpoint", "mid_rebase"]
 """Where a test can freeze the learner to SIGKILL it (see :attr:`LearnerSettings.pause_at`)."""
 
 
@@ -79,8 +79,16 @@ class LearnerSettings(LiveloopSettings):
     # -- the loss -----------------------------------------------------------------------------
     is_cap: float = Field(default=2.0, gt=0, description="c in the truncated importance weight min(pi/mu, c).")
     clip_eps: float | None = Field(default=None, gt=0, lt=1, description="PPO-style ratio clipping; None = off.")
+    # 0 by default: the learner rebases onto the champion after a rejection (learner.lineage), so a candidate is
+    # one cycle of training from the champion rather than a drifting line, and a penalty would cost a second
+    # copy of the weights and a second forward pass per step. Raise it for long cycles that near the gate's
+    # KL limit (1.0 nats): the penalty pulls towards exactly the model the gate measures against.
     kl_coef: float = Field(
-        default=0.0, ge=0, description="KL penalty weight to the policy at the start of the cycle; 0 = off."
+        default=0.0,
+        ge=0,
+        description="KL penalty weight to the reference, the champion when the cycle started (the checkpoint it "
+        "rebased onto, or the champion read before the last checkpoint; without a registry, the learner's last "
+        "checkpoint); 0 = off.",
     )
     baseline_decay: float = Field(default=0.9, ge=0, lt=1, description="Decay of the per-bucket reward EMA.")
 
@@ -108,6 +116,13 @@ class LearnerSettings(LiveloopSettings):
     status_host: str = Field(default="127.0.0.1", description="Address of the /status, /healthz, /metrics server.")
     status_port: int = Field(default=6070, ge=0, le=65535, description="Its port (0 = pick a free one).")
     poll_timeout_ms: int = Field(default=500, ge=10, le=60_000, description="How long one Kafka poll waits.")
+    champion_poll_s: float = Field(
+        default=30.0,
+        ge=0,
+        le=3600,
+        description="Read the registry's champion alias at most this often at round boundaries, to rebase onto "
+        "it when the learner's line was rejected or left (always read before a checkpoint); 0 = every round.",
+    )
     pause_at: PausePoint = Field(
         default="none",
         description="Test hook: freeze at this point (writing <data_dir>/paused-<point>) so a test can SIGKILL there.",

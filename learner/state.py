@@ -49,6 +49,11 @@ class TrainingState(BaseModel):
     )
     checkpoint_sample_ids: list[str] = Field(description="The samples of this checkpoint, for re-publishing.")
     checkpointed_at: AwareDatetime
+    reference_id: str | None = Field(
+        default=None,
+        description="The KL reference of the next cycle (the champion when this checkpoint was written); None in "
+        "older states: the checkpoint itself.",
+    )
 
 
 class DataDir:

@@ -8,7 +8,15 @@ import pytest
 
 from learner.baseline import EmaBaseline
 from learner.manifest import OffsetRange
-from learner.rounds import JOURNAL_FILE, CheckpointEntry, RoundEntry, RoundJournal, plan_round, round_ranges
+from learner.rounds import (
+    JOURNAL_FILE,
+    CheckpointEntry,
+    RebaseEntry,
+    RoundEntry,
+    RoundJournal,
+    plan_round,
+    round_ranges,
+)
 from tests.learner.sample_factory import make_sample
 
 
@@ -29,6 +37,21 @@ def test_the_journal_survives_reopening_and_answers_what_follows_a_checkpoint(tm
     assert reopened.entries == [r1, r2, c1, r3]
     assert reopened.after("m-v00000") == [r1, r2, c1, r3]  # the base has no entry of its own
     assert reopened.after("m-v00001") == [r3]
+
+
+def test_a_rebase_and_a_checkpoint_naming_its_reference_read_back_in_order(tmp_path: Path) -> None:
+    journal = RoundJournal(tmp_path)
+    r4 = _round(4, "m-v00003", 30, 37)
+    rebase = RebaseEntry(parent="m-v00003", left="m-v00003", onto="m-v00002", onto_version=2)
+    c4 = CheckpointEntry(
+        checkpoint_id="m-v00004", parent="m-v00003", after_round=5, policy_version=4, reference_id="m-v00002"
+    )
+    for entry in (r4, rebase, _round(5, "m-v00003", 38, 45), c4):
+        journal.append(entry)
+    reopened = RoundJournal(tmp_path)
+    assert reopened.entries[1] == rebase
+    assert reopened.after("m-v00004") == []
+    assert reopened.entries[3] == c4
 
 
 def test_compaction_forgets_what_precedes_a_complete_checkpoint_and_keeps_what_follows(tmp_path: Path) -> None:
