@@ -14,7 +14,7 @@ from learner.manifest import verify_checkpoint
 from liveloop.learner_cli import app
 
 
-def test_init_base_writes_version_0_and_registers_it_as_champion_once(
+def test_init_base_writes_version_1_and_registers_it_as_champion_once(
     endpoints: Endpoints, fresh_database: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     migrate(fresh_database)
@@ -26,7 +26,7 @@ def test_init_base_writes_version_0_and_registers_it_as_champion_once(
         result = runner.invoke(app, args)
         assert result.exit_code == 0, result.output
     manifest = verify_checkpoint(tmp_path / "checkpoints" / "cli-base-v00001")
-    assert (manifest.policy_version, manifest.parent_id, manifest.sample_count) == (0, None, 0)
+    assert (manifest.policy_version, manifest.parent_id, manifest.sample_count) == (1, None, 0)
     assert manifest.base_model.startswith("tiny-llama:")
     assert "model.safetensors" in manifest.files
     assert int(Registry(endpoints.mlflow_url).version_by_alias("cli-base", CHAMPION).version) == 1

@@ -307,8 +307,8 @@ def test_every_listening_address_defaults_to_loopback(matrix: list[Row]) -> None
         matrix.append(("settings", name, "default listening address", "127.0.0.1", str(default)))
     assert {
         "infra.settings.StackSettings.host",
-        "ingest.api.IngestSettings.host",
-        "ingest.archiver.ArchiverSettings.metrics_host",
+        "ingest.settings.IngestSettings.host",
+        "ingest.settings.ArchiverSettings.metrics_host",
         "distill.settings.DistillSettings.web_host",
         "learner.settings.LearnerSettings.status_host",
         "serving.settings.ServingSettings.host",
