@@ -73,9 +73,18 @@ def produce(bootstrap: str, topic: str, samples: Iterable[Sample]) -> None:
 
 
 def learner_env(
-    *, bootstrap: str, topic: str, checkpoints_topic: str, data_dir: Path, extra: Mapping[str, str] = ()
+    *,
+    bootstrap: str,
+    topic: str,
+    checkpoints_topic: str,
+    data_dir: Path,
+    model_name: str = "test-policy",
+    dsn: str | None = None,
+    mlflow_uri: str | None = None,
+    extra: Mapping[str, str] = (),
 ) -> dict[str, str]:
-    """The environment of a learner process for tests: tiny model, one thread, checkpoints as soon as due."""
+    """The environment of a learner process for tests: tiny model, one thread, checkpoints as soon as due;
+    with ``dsn`` and ``mlflow_uri`` it records and registers what it writes (else it only writes it)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LIVELOOP_", "MASTER_", "RANK", "LOCAL_RANK"))}
     env.pop("WORLD_SIZE", None)
     env.update(
@@ -86,7 +95,7 @@ def learner_env(
             "LIVELOOP_LEARNER_SAMPLES_TOPIC": topic,
             "LIVELOOP_LEARNER_CHECKPOINTS_TOPIC": checkpoints_topic,
             "LIVELOOP_LEARNER_DATA_DIR": str(data_dir),
-            "LIVELOOP_LEARNER_MODEL_NAME": "test-policy",
+            "LIVELOOP_LEARNER_MODEL_NAME": model_name,
             "LIVELOOP_LEARNER_ROUND_SAMPLES": "8",
             "LIVELOOP_LEARNER_MIN_SAMPLES": "8",
             "LIVELOOP_HELD_OUT_PERCENT": "0",  # exact counts per phase; the split has its own test
@@ -98,6 +107,10 @@ def learner_env(
             "LIVELOOP_LEARNER_STATUS_PORT": str(free_port()),
         }
     )
+    if dsn is not None:
+        env["LIVELOOP_LEARNER_DSN"] = dsn
+    if mlflow_uri is not None:
+        env["LIVELOOP_LEARNER_MLFLOW_URI"] = mlflow_uri
     env.update(dict(extra))
     return env
 

@@ -69,10 +69,10 @@ def test_a_rejected_candidate_is_left_and_the_next_descends_from_the_champion_ev
         topic=topic,
         checkpoints_topic=announcements,
         data_dir=data_dir,
+        model_name=model,
+        dsn=fresh_database,
+        mlflow_uri=endpoints.mlflow_url,
         extra={
-            "LIVELOOP_LEARNER_MODEL_NAME": model,
-            "LIVELOOP_LEARNER_DSN": fresh_database,
-            "LIVELOOP_LEARNER_MLFLOW_URI": endpoints.mlflow_url,
             "LIVELOOP_LEARNER_MIN_SAMPLES": "16",  # two rounds of 8 per checkpoint
             "LIVELOOP_LEARNER_CHAMPION_POLL_S": "0",
             "LIVELOOP_LEARNER_KL_COEF": "0.05",  # the reference takes part in the weights

@@ -181,11 +181,11 @@ def test_two_ranks_zero2_over_gloo_run_a_full_cycle_to_a_registered_checkpoint(
         topic=topic,
         checkpoints_topic=announcements,
         data_dir=data_dir,
+        model_name=model_name,
+        dsn=fresh_database,
+        mlflow_uri=endpoints.mlflow_url,
         extra={
-            "LIVELOOP_LEARNER_MODEL_NAME": model_name,
             "LIVELOOP_LEARNER_ZERO_STAGE": "2",
-            "LIVELOOP_LEARNER_DSN": fresh_database,
-            "LIVELOOP_LEARNER_MLFLOW_URI": endpoints.mlflow_url,
         },
     )
     checkpoint_id = f"{model_name}-v00002"
@@ -307,11 +307,9 @@ def test_the_learner_numbers_a_checkpoint_as_mlflow_will_even_past_versions_it_d
         topic=topic,
         checkpoints_topic=announcements,
         data_dir=data_dir,
-        extra={
-            "LIVELOOP_LEARNER_MODEL_NAME": model_name,
-            "LIVELOOP_LEARNER_DSN": fresh_database,
-            "LIVELOOP_LEARNER_MLFLOW_URI": endpoints.mlflow_url,
-        },
+        model_name=model_name,
+        dsn=fresh_database,
+        mlflow_uri=endpoints.mlflow_url,
     )
     checkpoint_id = f"{model_name}-v00003"
     job = LearnerJob(env, tmp_path / "logs", "numbered")
