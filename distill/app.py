@@ -333,8 +333,10 @@ def build_app(settings: DistillSettings, spec: RewardSpec | None = None) -> faus
 
     @app.page("/status")
     async def status(web: Any, request: Any) -> Any:
-        """What ``liveloop status`` shows of the distiller: feedback that joined nothing, generations without any."""
-        return web.json(joins())
+        """What ``liveloop status`` shows of the distiller: that it runs (this page is served by the running
+        worker, as ``/healthz`` is; a status document says ``state`` like the learner's, which tools that wait
+        for a component to come back read), feedback that joined nothing, generations without any."""
+        return web.json({"state": "running", **joins()})
 
     @app.page("/metrics")
     async def metrics(web: Any, request: Any) -> Any:

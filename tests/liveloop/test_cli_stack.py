@@ -83,7 +83,9 @@ def test_up_status_down_leave_nothing_running(tmp_path: Path) -> None:
         assert learner["lag"] == {"0": 0, "1": 0, "2": 0}
         assert components["archiver"]["lag"] == 0
         # The distiller's /status: how many feedback events joined nothing, and generations had none.
-        assert components["distiller"]["details"] == {"unjoined_feedback": 0, "generations_without_feedback": 0}
+        assert components["distiller"]["details"] == {
+            "state": "running", "unjoined_feedback": 0, "generations_without_feedback": 0,
+        }  # fmt: skip
         pids = [c["pid"] for c in components.values()]
         # The password never reaches the status output.
         password = json.loads((state / "credentials.json").read_text())["postgres_password"]
