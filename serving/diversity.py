@@ -25,12 +25,24 @@ import re
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 MAX_BATCH_ROWS = 128
 """Most rows sampled together: bounds the KV cache of a probe on a larger model."""
+
+
+def _compiles(value: str) -> str:
+    try:
+        re.compile(value)
+    except re.error as exc:
+        raise ValueError(f"pattern {value!r} does not compile: {exc}") from exc
+    return value
+
+
+RegexPattern = Annotated[str, Field(min_length=1), AfterValidator(_compiles)]
+"""A regular expression, refused at load time (naming it) when it does not compile; the suite's checks use it too."""
 
 
 class WellFormed(BaseModel):
@@ -43,16 +55,7 @@ class WellFormed(BaseModel):
 
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]{1,64}$", description="Recorded with the shares.")
     version: str = Field(min_length=1, description="Change it whenever the pattern changes.")
-    regex: str = Field(min_length=1, description="``re.fullmatch`` against the completion text (after stop strings).")
-
-    @field_validator("regex")
-    @classmethod
-    def _compiles(cls, value: str) -> str:
-        try:
-            re.compile(value)
-        except re.error as exc:
-            raise ValueError(f"well_formed regex {value!r} does not compile: {exc}") from exc
-        return value
+    regex: RegexPattern = Field(description="``re.fullmatch`` against the completion text (after stop strings).")
 
     @property
     def label(self) -> str:

@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from serving.diversity import DiversityProbe
+from serving.diversity import DiversityProbe, RegexPattern
 from serving.documents import read_document
 from serving.errors import ServingError
 
@@ -50,16 +50,7 @@ class NotContains(_Check):
 
 class Regex(_Check):
     kind: Literal["regex", "not_regex"]
-    pattern: str = Field(min_length=1)
-
-    @field_validator("pattern")
-    @classmethod
-    def _compiles(cls, value: str) -> str:
-        try:
-            re.compile(value)
-        except re.error as exc:
-            raise ValueError(f"pattern {value!r} does not compile: {exc}") from exc
-        return value
+    pattern: RegexPattern
 
     def passes(self, completion: str) -> bool:
         found = re.search(self.pattern, completion) is not None
