@@ -43,13 +43,14 @@ from pydantic_settings import SettingsConfigDict
 
 from distill.errors import InvalidSample, MisalignedTrajectory
 from infra.settings import LiveloopSettings
-from ingest.payloads import GenerationPayload, Identifier, Logprob, Name, TokenId
+from ingest.payloads import AgentKind, Boundary, GenerationPayload, Identifier, Logprob, Name, TokenId
 
-SAMPLE_SCHEMA_VERSION = 1
-"""The sample schema version this code writes and the newest it reads."""
+SAMPLE_SCHEMA_VERSION = 2
+"""The sample schema version this code writes and the newest it reads. Version 2 added :class:`AgentCredit`."""
 
-FinalisedBy = Literal["session_end", "window"]
-"""Why a reward became final: the session ended, or the longest signal window passed."""
+FinalisedBy = Literal["session_end", "window", "outcome", "timeout"]
+"""Why a reward became final: the session ended, or the longest signal window passed; for an agent turn, its
+trajectory's outcome arrived, or the trajectory timed out without one."""
 
 _HEX_64 = r"^[0-9a-f]{64}$"
 _HEX_32 = r"^[0-9a-f]{32}$"
@@ -74,6 +75,36 @@ def sample_id_for(generation_id: UUID | str, spec_hash: str) -> str:
     """
     canonical = generation_id if isinstance(generation_id, UUID) else UUID(generation_id)
     return hashlib.sha256(f"{canonical}:{spec_hash}".encode()).hexdigest()[:32]
+
+
+class AgentCredit(BaseModel):
+    """The trajectory's credit carried by the sample of one trainable agent turn.
+
+    Every trainable turn of a trajectory gets a sample with the same trajectory-level figures: the learner
+    groups them by ``trajectory_id`` (one unit for advantages, batch packing and the step count) and adds the
+    annealed shaping terms ``lambda_parallel(t) * r_parallel + lambda_finish(t) * r_finish`` to the sample's
+    ``reward``. ``reward`` itself (performance and the guards' penalties, see ``components``) is all the gate
+    and promotion judge. Summary turns are trainable: the final reward reaches the tokens that chose what to keep.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+    trajectory_id: UUID
+    turn_id: UUID
+    agent: AgentKind
+    agent_id: Identifier
+    stage: int = Field(ge=0)
+    boundary: Boundary = Field(description="How this turn's context was formed.")
+    summary_turn: bool = Field(description="This turn wrote a summary that a later turn's context was formed from.")
+    frozen: bool = Field(default=False, description="A frozen agent's turn: its loss mask is all zeros.")
+    trajectory_turns: int = Field(ge=1, description="Trainable turns of the trajectory: samples sharing its id.")
+    critical_steps: int = Field(ge=0, description="Per stage, orchestrator steps plus the longest sub-agent's, summed.")
+    r_perf: float = Field(description="The verified outcome's performance, before the guards' penalties.")
+    r_parallel: float = Field(ge=0.0, le=1.0, description="Shaping against serial collapse; the learner anneals it.")
+    r_finish: float = Field(ge=0.0, le=1.0, description="Shaping against fake parallelism; the learner anneals it.")
+    guards: Annotated[dict[str, float], BeforeValidator(_by_name)] = Field(
+        default_factory=dict, description="Each guard's metric for the trajectory, by guard name."
+    )
 
 
 class Sample(BaseModel):
@@ -116,6 +147,7 @@ class Sample(BaseModel):
     deferral: bool
     invalid_tool_calls: int = Field(ge=0)
     generated_at: UtcDatetime = Field(description="The generation event's time, UTC.")
+    agent: AgentCredit | None = Field(default=None, description="For an agent turn: its trajectory's credit.")
 
     @model_validator(mode="after")
     def _consistent(self) -> Sample:
@@ -135,6 +167,8 @@ class Sample(BaseModel):
                 raise ValueError(f"{name} has {len(values)} entries for {len(tokens)} completion tokens")
         if tokens is not None and self.loss_mask is None:
             raise ValueError("loss_mask is required when completion_token_ids are given")
+        if self.agent is not None and self.agent.frozen and any(self.loss_mask or []):
+            raise ValueError("a frozen agent's turn must have an all-zero loss_mask: frozen agents are not trained")
         ids = self.source_event_ids  # UUIDs sort as their strings do
         if ids != sorted(set(ids)):
             raise ValueError("source_event_ids must be unique and sorted by their string form")

@@ -45,6 +45,7 @@ from ingest.events import (
     GenerationEvent,
     SessionEndedEvent,
     SessionStartedEvent,
+    TrajectoryOutcomeEvent,
     event_to_json,
 )
 
@@ -195,7 +196,9 @@ def apply_event(state: SessionState, event: Event, spec: RewardSpec, now: float)
         return outcome
     state.seen.append(key)
     state.touched_at = now
-    if isinstance(event, SessionStartedEvent):
+    if isinstance(event, SessionStartedEvent | TrajectoryOutcomeEvent):
+        # Trajectory assembly (turns and outcomes into agent samples) is not wired in yet: an outcome is
+        # recorded as seen and changes nothing, rather than being mistaken for a generation's feedback.
         return outcome
     if isinstance(event, SessionEndedEvent):
         state.ended = event_to_json(event).decode()

@@ -36,6 +36,7 @@ from ingest.events import (
     SuggestionRejectedEvent,
     TestsResultEvent,
     ToolResultEvent,
+    TrajectoryOutcomeEvent,
     event_to_json,
     parse_event,
 )
@@ -47,11 +48,14 @@ from ingest.payloads import (
     RatingPayload,
     SessionEndedPayload,
     SessionStartedPayload,
+    SubagentOutcome,
     SuggestionPayload,
     TestsResultPayload,
     ToolCall,
     ToolResultPayload,
+    TrajectoryOutcomePayload,
     TrajectorySegment,
+    TurnPlace,
 )
 from ingest.settings import SdkSettings
 
@@ -82,6 +86,7 @@ __all__ = [
     "SessionEndedPayload",
     "SessionStartedEvent",
     "SessionStartedPayload",
+    "SubagentOutcome",
     "SuggestionAcceptedEvent",
     "SuggestionDismissedEvent",
     "SuggestionPayload",
@@ -91,7 +96,10 @@ __all__ = [
     "ToolCall",
     "ToolResultEvent",
     "ToolResultPayload",
+    "TrajectoryOutcomeEvent",
+    "TrajectoryOutcomePayload",
     "TrajectorySegment",
+    "TurnPlace",
     "UnsupportedSchemaVersion",
     "event_to_json",
     "parse_event",

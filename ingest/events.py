@@ -50,10 +50,12 @@ from ingest.payloads import (
     SuggestionPayload,
     TestsResultPayload,
     ToolResultPayload,
+    TrajectoryOutcomePayload,
 )
 
-SCHEMA_VERSION = 1
-"""The event schema version this code writes and the newest it accepts."""
+SCHEMA_VERSION = 2
+"""The event schema version this code writes and the newest it accepts. Version 2 added agent turns
+(``GenerationPayload.turn``) and ``trajectory.outcome``; every version-1 event is still valid."""
 MAX_EVENT_BYTES = 16 * 1024 * 1024
 """Largest serialised event accepted; the events topic's ``max.message.bytes`` must allow it."""
 MAX_JSON_DEPTH = 32
@@ -202,6 +204,13 @@ class TestsResultEvent(EventBase):
     payload: TestsResultPayload
 
 
+class TrajectoryOutcomeEvent(EventBase):
+    """An agent trajectory ended with a verified outcome (sent by the product, in the trajectory's session)."""
+
+    type: Literal["trajectory.outcome"] = "trajectory.outcome"
+    payload: TrajectoryOutcomePayload
+
+
 class SessionEndedEvent(EventBase):
     """The session ended."""
 
@@ -221,6 +230,7 @@ Event = Annotated[
     | RatingEvent
     | ToolResultEvent
     | TestsResultEvent
+    | TrajectoryOutcomeEvent
     | SessionEndedEvent,
     Field(discriminator="type"),
 ]
@@ -241,6 +251,7 @@ EVENT_CLASSES: Mapping[str, type[EventBase]] = {
         RatingEvent,
         ToolResultEvent,
         TestsResultEvent,
+        TrajectoryOutcomeEvent,
         SessionEndedEvent,
     )
 }

@@ -39,6 +39,10 @@ MAX_MESSAGE_CHARS = 16_384
 """Longest short free text: a tool's error message, a session's end reason."""
 MAX_COUNT = 2**31 - 1
 """Largest token id or test count: they must fit a signed 32-bit tensor."""
+MAX_STAGE = 1024
+"""Highest stage number of an agent trajectory (stage 0 is the first)."""
+MAX_SUBAGENTS = 256
+"""Most sub-agents one trajectory's outcome may report on."""
 
 REDACTED_MARK = "x-liveloop-redacted"
 """JSON Schema key that marks a free-text field which redaction must scrub."""
@@ -56,6 +60,10 @@ TokenId = Annotated[int, Field(ge=0, le=MAX_COUNT)]
 Logprob = Annotated[float, Field(le=0.0, allow_inf_nan=False)]
 Count = Annotated[int, Field(ge=0, le=MAX_COUNT)]
 Role = Literal["policy", "tool", "subagent", "summary", "user"]
+AgentKind = Literal["orchestrator", "subagent", "single"]
+"""Who served a turn: an orchestrator that splits work, one of its sub-agents, or a single agent."""
+Boundary = Literal["none", "summary", "prune", "truncation"]
+"""How a turn's context was formed: as it grew, from a summary of it, after a prune, or cut by truncation."""
 
 
 class ContractModel(BaseModel):
@@ -116,6 +124,41 @@ class TrajectorySegment(ContractModel):
         return self
 
 
+class TurnPlace(ContractModel):
+    """Where one served turn (one LLM call) sits in its agent trajectory.
+
+    A trajectory is a tree of turns: ``parent_turn_id`` is the turn this one follows (for a sub-agent's first
+    turn, the orchestrator turn that assigned its task). All turns of a trajectory and its outcome
+    (:class:`TrajectoryOutcomePayload`) must carry the same ``session_id``: the distiller assembles a
+    trajectory inside its session's state. ``frozen`` turns (sub-agents that are not trained) are the
+    environment: they count for critical steps but never yield a sample. ``stage`` numbers the orchestrator's
+    rounds of work (0, 1, ...); a stage's cost is the orchestrator's turns plus its longest sub-agent's.
+    """
+
+    trajectory_id: UUID = Field(strict=False, description="The trajectory this turn belongs to.")
+    turn_id: UUID = Field(strict=False, description="This turn; the gateway uses the generation id.")
+    parent_turn_id: UUID | None = Field(default=None, strict=False, description="The turn this one follows.")
+    agent: AgentKind
+    agent_id: Identifier = Field(
+        default="main", description="Which agent instance, e.g. 'main', 'sub-1': sub-agents of one stage differ."
+    )
+    frozen: bool = Field(default=False, description="The agent is not trained: its turns are observations.")
+    stage: int = Field(default=0, ge=0, le=MAX_STAGE, description="The orchestrator's round this turn belongs to.")
+    boundary: Boundary = Field(default="none", description="How this turn's context was formed.")
+    context_tokens: Count | None = Field(default=None, description="Tokens of context this turn was served with.")
+    budget_tokens: Count | None = Field(
+        default=None, description="The trajectory's hard context budget in force when this turn was served, if any."
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> TurnPlace:
+        if self.frozen and self.agent != "subagent":
+            raise ValueError(f"only a subagent can be frozen, not a {self.agent}: the trained policy is the one served")
+        if self.parent_turn_id == self.turn_id:
+            raise ValueError("parent_turn_id equals turn_id: a turn cannot follow itself")
+        return self
+
+
 class GenerationPayload(ContractModel):
     """One model output, as served: emitted by the serving gateway (or a product that serves itself).
 
@@ -137,6 +180,7 @@ class GenerationPayload(ContractModel):
     surface: Identifier = Field(description="Where the output was shown, e.g. 'ide.tab', 'agent'.")
     task_kind: Identifier | None = Field(default=None, description="e.g. 'completion', 'edit', 'chat'.")
     trajectory: list[TrajectorySegment] | None = Field(default=None, max_length=MAX_TRAJECTORY_SEGMENTS)
+    turn: TurnPlace | None = Field(default=None, description="Its place in an agent trajectory, for an agent turn.")
 
     @model_validator(mode="after")
     def _consistent(self) -> GenerationPayload:
@@ -213,6 +257,43 @@ class TestsResultPayload(FeedbackPayload):
 
     passed: Count
     failed: Count
+
+
+class SubagentOutcome(ContractModel):
+    """Whether one sub-agent finished the sub-task it was given, as the product verified it."""
+
+    agent_id: Identifier
+    finished: bool = Field(description="It returned a usable result for its sub-task.")
+
+
+class TrajectoryOutcomePayload(ContractModel):
+    """How an agent trajectory ended, verified by the product (tests passed, task solved): its final reward.
+
+    Sent once per trajectory, in the trajectory's session, after its last turn. ``score`` gives partial credit
+    in [0, 1]; without it a success scores 1 and a failure 0. ``gave_up`` says the agent stopped without an
+    answer (the search-then-give-up guard reads it).
+    """
+
+    trajectory_id: UUID = Field(strict=False)
+    success: bool
+    score: float | None = Field(default=None, ge=0.0, le=1.0, description="Partial credit; default 1 or 0.")
+    verifier: Identifier | None = Field(default=None, description="What verified it, e.g. 'tests', 'exact_match'.")
+    gave_up: bool = Field(default=False, description="The agent stopped without giving an answer.")
+    subagents: list[SubagentOutcome] = Field(default_factory=list, max_length=MAX_SUBAGENTS)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> TrajectoryOutcomePayload:
+        names = [sub.agent_id for sub in self.subagents]
+        if len(names) != len(set(names)):
+            raise ValueError("subagents name an agent_id twice; send one outcome per sub-agent")
+        return self
+
+    @property
+    def performance(self) -> float:
+        """The verified performance in [0, 1]: ``score`` when given, else 1 for a success and 0 for a failure."""
+        if self.score is not None:
+            return self.score
+        return 1.0 if self.success else 0.0
 
 
 class SessionEndedPayload(ContractModel):

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from distill.errors import InvalidSample, MisalignedTrajectory, PrivacyModeEvent
 from distill.reward import counted_feedback, final_at, is_deferral, is_late, score
-from distill.samples import Sample, loss_mask_for, parse_sample, sample_id_for, sample_to_json
+from distill.samples import SAMPLE_SCHEMA_VERSION, Sample, loss_mask_for, parse_sample, sample_id_for, sample_to_json
 from distill.spec import RewardSpec, load_spec
 from ingest.events import Event, GenerationEvent, event_to_json, parse_event
 from tests.distill.golden_sessions import GENERATED_AT, GENERATION_ID, GOLDEN, Golden, feedback, generation
@@ -104,7 +104,7 @@ def test_sample_json_round_trips_and_bad_bytes_are_invalid() -> None:
     with pytest.raises(InvalidSample, match="sample_id"):
         parse_sample(data.replace(sample.sample_id.encode(), b"0" * 32))
     newer = json.loads(data)
-    newer["schema_version"] = 2
+    newer["schema_version"] = SAMPLE_SCHEMA_VERSION + 1
     with pytest.raises(InvalidSample, match="upgrade liveloop"):
         parse_sample(json.dumps(newer))
     with pytest.raises(InvalidSample):

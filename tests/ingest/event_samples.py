@@ -14,6 +14,7 @@ from ingest import (
 )
 
 GENERATION_ID = "0b7e6f7e-2f4a-4c1e-9d51-5b1f3c1e8a01"
+TRAJECTORY_ID = "5d1a7a52-3f0e-4b8e-8a43-0d7b9c2e6f10"
 
 
 def payloads() -> dict[str, dict[str, Any]]:
@@ -49,6 +50,18 @@ def payloads() -> dict[str, dict[str, Any]]:
                 {"role": "subagent", "text": "searched the repo", "token_ids": None, "logprobs": None},
                 {"role": "summary", "text": "context so far", "token_ids": None, "logprobs": None},
             ],
+            "turn": {
+                "trajectory_id": TRAJECTORY_ID,
+                "turn_id": GENERATION_ID,
+                "parent_turn_id": "0b7e6f7e-2f4a-4c1e-9d51-5b1f3c1e8a00",
+                "agent": "orchestrator",
+                "agent_id": "main",
+                "frozen": False,
+                "stage": 1,
+                "boundary": "summary",
+                "context_tokens": 812,
+                "budget_tokens": 4096,
+            },
         },
         "suggestion.accepted": feedback,
         "suggestion.rejected": feedback,
@@ -59,6 +72,14 @@ def payloads() -> dict[str, dict[str, Any]]:
         "rating": {**feedback, "thumbs": "down"},
         "tool.result": {**feedback, "tool": "run_tests", "valid": False, "error": "timeout", "call_index": 0},
         "tests.result": {**feedback, "passed": 12, "failed": 1},
+        "trajectory.outcome": {
+            "trajectory_id": TRAJECTORY_ID,
+            "success": True,
+            "score": 0.75,
+            "verifier": "tests",
+            "gave_up": False,
+            "subagents": [{"agent_id": "sub-1", "finished": True}, {"agent_id": "sub-2", "finished": False}],
+        },
         "session.ended": {"reason": "closed"},
     }
 

@@ -59,7 +59,7 @@ def test_every_type_round_trips_through_json(event_type: str) -> None:
 def test_serialisation_is_compact_and_in_model_order() -> None:
     text = event_to_json(parse_event(sample_event("rating"))).decode()
     assert " " not in text
-    assert text.startswith('{"event_id":"6f1c1f5e-8d3e-4d0a-b5a4-2f8e4f1d9c10","schema_version":1,"type":"rating"')
+    assert text.startswith('{"event_id":"6f1c1f5e-8d3e-4d0a-b5a4-2f8e4f1d9c10","schema_version":2,"type":"rating"')
 
 
 def test_timestamps_are_converted_to_and_written_in_utc() -> None:
