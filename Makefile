@@ -51,10 +51,10 @@ down: install
 status: install
 	$(BIN)/liveloop status
 
-# The benchmarks write bench-results/*.json; the page docs/benchmarks.md is generated from them.
+# The benchmarks write bench-results/*.json; the pages docs/benchmarks.md and docs/capacity.md are generated from them.
 bench: setup
 	$(BIN)/python -m pytest tests/bench -p no:randomly -q -s --override-ini addopts=; status=$$?; \
-	$(BIN)/python -m tests.bench.page; exit $$status
+	$(BIN)/python -m tests.bench.page && $(BIN)/python -m tests.bench.capacity; exit $$status
 
 # The reliability suite at full size (10 minutes of load, 10,000 fuzz requests per API, longer faults);
 # `make test` runs the same tests in a shortened form. The report goes to reliability-report/.

@@ -104,7 +104,9 @@ class TopicSpec(BaseModel):
 class TopicsSettings(LiveloopSettings):
     """The topics of the loop (DESIGN.md, 'Topics'). Override e.g. LIVELOOP_TOPICS_EVENTS__PARTITIONS=12."""
 
-    model_config = SettingsConfigDict(env_prefix="LIVELOOP_TOPICS_")
+    # A partial update: LIVELOOP_TOPICS_EVENTS__PARTITIONS alone changes the events topic's partitions and keeps
+    # its name and retention (without it, the one key would replace the whole default TopicSpec and be refused).
+    model_config = SettingsConfigDict(env_prefix="LIVELOOP_TOPICS_", nested_model_default_partial_update=True)
 
     events: TopicSpec = TopicSpec(name="liveloop.events", partitions=6)
     events_dlq: TopicSpec = TopicSpec(name="liveloop.events.dlq", partitions=1, retention_ms=30 * 24 * 3600 * 1000)

@@ -166,13 +166,16 @@ def produce_paced(bootstrap: str, topic: str, sessions: list[list[tuple[bytes, b
         producer.close(timeout=10)
 
 
-def wait_for_records(bootstrap: str, topic: str, count: int, distinct: bool = False) -> list[Record]:
-    """Read ``topic`` from the beginning until ``count`` records (or distinct keys) are there; return them all."""
+def wait_for_records(
+    bootstrap: str, topic: str, count: int, distinct: bool = False, partitions: int = PARTITIONS
+) -> list[Record]:
+    """Read ``topic`` (of ``partitions`` partitions) from the beginning until ``count`` records (or distinct
+    keys) are there; return them all."""
     consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
     try:
-        partitions = [TopicPartition(topic, p) for p in range(PARTITIONS)]
-        consumer.assign(partitions)
-        consumer.seek_to_beginning(*partitions)
+        assigned = [TopicPartition(topic, p) for p in range(partitions)]
+        consumer.assign(assigned)
+        consumer.seek_to_beginning(*assigned)
         records: list[Record] = []
         keys: set[bytes] = set()
         deadline = time.monotonic() + DRAIN_S
@@ -236,14 +239,14 @@ class Throughput:
 
 
 class CpuSampler:
-    """A process's CPU time and the machine's busy time, sampled every :data:`CPU_SAMPLE_S` from a thread.
+    """Processes' CPU time (summed) and the machine's busy time, sampled every :data:`CPU_SAMPLE_S` from a thread.
 
     The window that counts (first to last output record, by broker time) is known only once the run is
     over, so the sampler keeps the series and :meth:`between` reads the window off it afterwards.
     """
 
-    def __init__(self, pid: int) -> None:
-        self._process = psutil.Process(pid)
+    def __init__(self, *pids: int) -> None:
+        self._processes = [psutil.Process(pid) for pid in pids]
         self._series: list[tuple[float, float, float]] = []  # wall time, process CPU s, machine busy CPU s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, name="cpu-sampler", daemon=True)
@@ -259,12 +262,12 @@ class CpuSampler:
     def _sample(self) -> None:
         while True:
             try:
-                process = self._process.cpu_times()
-            except psutil.Error:  # the process has ended
+                times = [process.cpu_times() for process in self._processes]
+            except psutil.Error:  # a process has ended
                 return
             m = psutil.cpu_times()
             busy = m.user + m.nice + m.system + m.irq + m.softirq + m.steal  # Linux counts guests in user
-            self._series.append((time.time(), process.user + process.system, busy))
+            self._series.append((time.time(), sum(t.user + t.system for t in times), busy))
             if self._stop.wait(CPU_SAMPLE_S):
                 return
 

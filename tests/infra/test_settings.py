@@ -186,3 +186,15 @@ def test_every_class_reports_all_its_bad_fields_at_once(monkeypatch: pytest.Monk
     with pytest.raises(ValidationError) as raised:
         ServingSettings()
     assert {error["loc"][0] for error in raised.value.errors()} == {"bootstrap", "events_topic", "mlflow_url"}
+
+
+def test_one_field_of_a_topic_is_overridden_and_the_others_keep_their_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The documented override (TopicsSettings' docstring, and the Kubernetes provisioning job's env): without a
+    # partial update of the nested default, pydantic-settings built the topic from this one key and refused it
+    # for a missing name.
+    monkeypatch.setenv("LIVELOOP_TOPICS_EVENTS__PARTITIONS", "12")
+    topics = TopicsSettings()
+    assert topics.events.partitions == 12
+    assert topics.events.name == "liveloop.events"
+    assert topics.events.retention_ms == 7 * 24 * 3600 * 1000
+    assert topics.samples.partitions == 3
