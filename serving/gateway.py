@@ -201,8 +201,10 @@ def create_app(
         ]
         generations = await serve(expanded, params, context)
         latency_ms = (time.perf_counter() - started) * 1000.0
-        # The budget is judged on the served prompt's own token count (a chat request has one prompt).
-        check = BudgetCheck.of(settings, len(generations[0].prompt_token_ids)) if turn is not None else None
+        # The budget is judged on the served prompts' own token counts (a chat request has one prompt; of several
+        # completion prompts, the longest).
+        context_tokens = max(len(g.prompt_token_ids) for g in generations)
+        check = BudgetCheck.of(settings, context_tokens) if turn is not None else None
         tools = body.tool_table() if chat else None
         choices = [
             Choice(g, uuid.uuid4(), read_answer(g.text, g.finish_reason, tools, check) if chat else None)
