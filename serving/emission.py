@@ -31,7 +31,7 @@ from typing import Any, Protocol
 from uuid import UUID
 
 from ingest.events import TENANT_PATTERN, GenerationEvent
-from ingest.payloads import MAX_ID_CHARS, GenerationPayload
+from ingest.payloads import MAX_ID_CHARS, GenerationPayload, ToolCall, TurnPlace
 from serving.engine import Generation
 from serving.errors import InvalidRequest
 from serving.metrics import GatewayMetrics
@@ -121,8 +121,11 @@ class GenerationEmitter:
         generation: Generation,
         task_kind: str,
         latency_ms: float,
+        tool_calls: list[ToolCall] | None = None,
+        turn: TurnPlace | None = None,
     ) -> None:
-        """Emit one generation event; failures are counted in metrics and logged, never raised."""
+        """Emit one generation event (with the tool calls read from it and its place in a trajectory, if any);
+        failures are counted in metrics and logged, never raised."""
         try:
             payload = GenerationPayload(
                 generation_id=generation_id,
@@ -136,6 +139,8 @@ class GenerationEmitter:
                 latency_ms=latency_ms,
                 surface=context.surface,
                 task_kind=task_kind,
+                tool_calls=tool_calls or [],
+                turn=turn,
             )
             event = GenerationEvent(
                 session_id=session_id,

@@ -11,6 +11,9 @@ Run it with ``python -m serving.gateway`` (settings from ``LIVELOOP_SERVING_*``)
   Every response names the session its generations were filed under, the request's
   ``X-Liveloop-Session`` or one the gateway made up: in the ``X-Liveloop-Session`` response header and
   in ``liveloop.session_id``. Feedback joins its generation only when sent under that session.
+  Chat completions take OpenAI function ``tools`` and return ``tool_calls`` (:mod:`serving.tool_calls`);
+  the ``X-Liveloop-Trajectory`` headers place a request's turns in an agent trajectory, under an
+  optional context budget (:mod:`serving.turns`).
 - ``GET /v1/models``: the served model.
 - ``GET /healthz`` (the process answers), ``GET /readyz`` (a policy version is loaded), ``GET /metrics``.
 
@@ -53,6 +56,7 @@ from serving.openai_responses import Choice, Reply, chat_body, chat_chunks, comp
 from serving.openai_schema import ChatCompletionRequest, CompletionRequest, error_body, parse_body, render_chat
 from serving.request_body import read_limited
 from serving.settings import ServingSettings
+from serving.turns import BUDGET_HEADER, BudgetCheck, read_answer, read_turn
 
 log = logging.getLogger(__name__)
 
@@ -169,7 +173,8 @@ def create_app(
             message = f"model {body.model!r} is not served here; use {settings.model_name!r} (see GET /v1/models)"
             raise _Failure(404, error_body(message, "invalid_request_error", "model_not_found", "model"))
         context = RequestContext.from_headers(request.headers, body.user, settings)
-        prompts = [render_chat(body.messages)] if chat else body.prompts()
+        turn = read_turn(request.headers, body.liveloop)
+        prompts = [render_chat(body.messages, body.tools)] if chat else body.prompts()
         max_tokens = (body.token_limit() if chat else body.max_tokens) or settings.default_max_tokens
         if max_tokens > settings.max_tokens_limit:
             raise InvalidRequest(
@@ -196,19 +201,42 @@ def create_app(
         ]
         generations = await serve(expanded, params, context)
         latency_ms = (time.perf_counter() - started) * 1000.0
-        choices = [Choice(g, uuid.uuid4()) for g in generations]
+        # The budget is judged on the served prompts' own token counts (a chat request has one prompt; of several
+        # completion prompts, the longest).
+        context_tokens = max(len(g.prompt_token_ids) for g in generations)
+        check = BudgetCheck.of(settings, context_tokens) if turn is not None else None
+        tools = body.tool_table() if chat else None
+        choices = [
+            Choice(g, uuid.uuid4(), read_answer(g.text, g.finish_reason, tools, check) if chat else None)
+            for g in generations
+        ]
         session = context.session_id or f"gateway-{choices[0].generation_id}"
         for prompt, choice in zip(expanded, choices, strict=True):
             g = choice.generation
             metrics.count_generation(g.policy_version, len(g.prompt_token_ids), len(g.token_ids))
             kind = "chat" if chat else "completion"
-            events.emit(context, session, choice.generation_id, prompt, g, kind, latency_ms)
+            recorded = choice.answer.recorded if choice.answer is not None else None
+            budget = check.hard if check is not None else None
+            place = turn.place(choice.generation_id, len(g.prompt_token_ids), budget) if turn is not None else None
+            events.emit(context, session, choice.generation_id, prompt, g, kind, latency_ms, recorded, place)
         prompt_tokens = sum(len(c.generation.prompt_token_ids) for c in choices[:: body.n])
         response_id = f"{'chatcmpl' if chat else 'cmpl'}-{choices[0].generation_id.hex}"
-        reply = Reply(response_id, int(time.time()), settings.model_name, choices, prompt_tokens, session)
+        refused = [(i, call) for i, c in enumerate(choices) if c.answer is not None for call in c.answer.refused]
+        reply = Reply(
+            response_id,
+            int(time.time()),
+            settings.model_name,
+            choices,
+            prompt_tokens,
+            session,
+            turn.trajectory_id if turn is not None else None,
+            check.body(refused) if check is not None else None,
+        )
         # The session is handed back even when the caller named it: its feedback must be sent under it.
         # Header values go out as latin-1: the UTF-8 bytes of the id, as the caller sent them (emission._header).
         headers = {VERSION_HEADER: str(reply.policy_version), SESSION_HEADER: session.encode().decode("latin-1")}
+        if check is not None:
+            headers[BUDGET_HEADER] = check.state
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         if chat:
             top = body.top_logprobs or 0

@@ -4,9 +4,9 @@ The completion routes read their bodies themselves (so that every error gets Ope
 FastAPI cannot infer the bodies from parameters and would publish operations without one. This
 module completes the document FastAPI builds from the request models of :mod:`serving.openai_schema`
 (with this gateway's limits on ``max_tokens``, ``n`` and the number of prompts), the ``X-Liveloop-*``
-headers of :mod:`serving.emission` (and the two every answer returns: the session used and the policy
-version) and OpenAI's error body. Clients can generate code from it, and a
-schema-driven fuzzer (schemathesis) can send meaningful requests.
+headers of :mod:`serving.emission` and the trajectory headers of :mod:`serving.turns` (and those an answer
+returns: the session used, the policy version, the context budget's state) and OpenAI's error body.
+Clients can generate code from it, and a schema-driven fuzzer (schemathesis) can send meaningful requests.
 """
 
 from __future__ import annotations
@@ -37,6 +37,22 @@ _HEADERS = [
     ("X-Liveloop-Tenant", {"type": "string", "pattern": TENANT_PATTERN}, "Tenant; default: the gateway's."),
     ("X-Liveloop-Surface", {"type": "string", "pattern": r"^[a-z][a-z0-9_.-]{0,63}$"}, "Where the output is shown."),
     ("X-Liveloop-Privacy-Mode", {"type": "string"}, "'true', '1' or 'yes': the generation event is never stored."),
+    (
+        "X-Liveloop-Trajectory",
+        {"type": "string", "format": "uuid"},
+        "Places the request's turns in this agent trajectory (or send the body's 'liveloop' object instead): the "
+        "generation events carry their place, token ids and logprobs as served; a context budget may apply.",
+    ),
+    ("X-Liveloop-Parent-Turn", {"type": "string", "format": "uuid"}, "The turn (generation id) this one follows."),
+    ("X-Liveloop-Agent", {"enum": ["orchestrator", "subagent", "single"]}, "Who serves the turn; default single."),
+    ("X-Liveloop-Agent-Id", {"type": "string", "pattern": r"^[a-z][a-z0-9_.-]{0,63}$"}, "Agent instance; 'main'."),
+    ("X-Liveloop-Frozen", {"enum": ["true", "false"]}, "true: a sub-agent that is not trained."),
+    ("X-Liveloop-Stage", {"type": "string", "pattern": r"^[0-9]{1,4}$"}, "The orchestrator's round: 0, 1, ..."),
+    (
+        "X-Liveloop-Boundary",
+        {"enum": ["none", "summary", "prune", "truncation"]},
+        "How the turn's context was formed.",
+    ),
 ]
 
 
@@ -73,7 +89,9 @@ def document_openapi(app: FastAPI, settings: ServingSettings) -> None:
 
     served = {
         "description": "The completion (a JSON body, or server-sent events with 'stream': true). The body's (and "
-        "every chunk's) 'liveloop' object names generation_id, generation_ids, policy_version and session_id.",
+        "every chunk's) 'liveloop' object names generation_id, generation_ids, policy_version and session_id; for a "
+        "turn placed in a trajectory, trajectory_id (its turn ids are the generation ids) and, under a context "
+        "budget, budget: {state, context_tokens, soft, hard, refused}.",
         "headers": {
             "X-Liveloop-Session": {
                 "description": "The session the generations were filed under (the request's, or one made up for "
@@ -84,6 +102,12 @@ def document_openapi(app: FastAPI, settings: ServingSettings) -> None:
             "X-Liveloop-Policy-Version": {
                 "description": "The policy version that served the request.",
                 "schema": {"type": "integer", "minimum": 0},
+            },
+            "X-Liveloop-Budget": {
+                "description": "A turn placed in a trajectory, under a context budget: ok, soft (past the soft "
+                "threshold: prune or finish) or hard (tool calls other than prune_chunks are refused; see "
+                "liveloop.budget in the body).",
+                "schema": {"enum": ["ok", "soft", "hard"]},
             },
         },
         "content": {_JSON: {"schema": {"type": "object"}}, "text/event-stream": {"schema": _EVENT}},

@@ -12,6 +12,11 @@ completions, ``logprobs: true`` on chat), name tokens as ``token_id:<id>`` (the 
 ``return_tokens_as_token_ids``): token ids are what the learner needs, and a byte-level token has no
 printable text of its own. The logprob is the behaviour policy's (see :mod:`serving.torch_decode`).
 
+With ``tools``, a chat choice's message holds the valid calls as ``tool_calls`` (``finish_reason``
+``"tool_calls"``) and the rest of the text as ``content`` (:mod:`serving.tool_calls`). A request placed in a
+trajectory adds ``trajectory_id`` to the ``liveloop`` object (its turn ids are the generation ids), and
+``budget`` when a context budget is set (:mod:`serving.turns`).
+
 Streams: the engine returns whole completions, so a stream sends each choice's text in one chunk,
 then a chunk with its ``finish_reason``, then (``stream_options.include_usage``) a usage chunk, then
 ``data: [DONE]``.
@@ -21,11 +26,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
 
 from serving.engine import Generation
+from serving.turns import Answer
 
 
 @dataclass(frozen=True)
@@ -34,6 +40,22 @@ class Choice:
 
     generation: Generation
     generation_id: UUID
+    answer: Answer | None = None
+    """A chat choice's content and tool calls, read from the generation's text; None for a completion."""
+
+    def message(self) -> dict[str, Any]:
+        """The chat message (or a stream's first delta) of this choice."""
+        if self.answer is None:
+            return {"role": "assistant", "content": self.generation.text}
+        message: dict[str, Any] = {"role": "assistant", "content": self.answer.content}
+        if self.answer.tool_calls:
+            message["tool_calls"] = [call.openai() for call in self.answer.tool_calls]
+        return message
+
+    @property
+    def finish_reason(self) -> str:
+        """``tool_calls`` when the choice returns tool calls, else the generation's."""
+        return self.generation.finish_reason if self.answer is None else self.answer.finish_reason
 
 
 @dataclass(frozen=True)
@@ -46,15 +68,22 @@ class Reply:
     choices: list[Choice]
     prompt_tokens: int
     session_id: str
+    trajectory_id: UUID | None = None
+    budget: dict[str, Any] | None = field(default=None)
 
     def liveloop(self) -> dict[str, Any]:
         ids = [str(c.generation_id) for c in self.choices]
-        return {
+        meta: dict[str, Any] = {
             "generation_id": ids[0],
             "generation_ids": ids,
             "policy_version": self.policy_version,
             "session_id": self.session_id,
         }
+        if self.trajectory_id is not None:
+            meta["trajectory_id"] = str(self.trajectory_id)
+        if self.budget is not None:
+            meta["budget"] = self.budget
+        return meta
 
     @property
     def policy_version(self) -> int:
@@ -121,8 +150,8 @@ def chat_body(reply: Reply, logprobs: bool, top_logprobs: int) -> dict[str, Any]
     choices = [
         {
             "index": i,
-            "message": {"role": "assistant", "content": c.generation.text},
-            "finish_reason": c.generation.finish_reason,
+            "message": c.message(),
+            "finish_reason": c.finish_reason,
             "logprobs": chat_logprobs(c.generation, top_logprobs) if logprobs else None,
         }
         for i, c in enumerate(reply.choices)
@@ -159,10 +188,12 @@ def chat_chunks(reply: Reply, logprobs: bool, top_logprobs: int, include_usage: 
     meta = reply.liveloop()
     for i, c in enumerate(reply.choices):
         lp = chat_logprobs(c.generation, top_logprobs) if logprobs else None
-        delta = {"role": "assistant", "content": c.generation.text}
+        delta = c.message()
+        if "tool_calls" in delta:  # a stream's deltas number their calls
+            delta["tool_calls"] = [call | {"index": k} for k, call in enumerate(delta["tool_calls"])]
         text = {"index": i, "delta": delta, "finish_reason": None, "logprobs": lp}
         yield sse(head | {"choices": [text], "liveloop": meta})
-        end = {"index": i, "delta": {}, "finish_reason": c.generation.finish_reason, "logprobs": None}
+        end = {"index": i, "delta": {}, "finish_reason": c.finish_reason, "logprobs": None}
         yield sse(head | {"choices": [end], "liveloop": meta})
     if include_usage:
         yield sse(head | {"choices": [], "usage": reply.usage(), "liveloop": meta})

@@ -14,6 +14,15 @@ Chat template (the tiny tokenizer has none): each message is rendered as ``<|rol
     <|assistant|>
 
 Content given as a list of parts keeps its ``text`` parts, joined with nothing between them.
+
+Function tools (``tools``): rendered as a ``<|tools|>`` turn before the first message, and an assistant
+message's ``tool_calls`` after its content, in the syntax of :mod:`serving.tool_calls` (which also reads
+the model's calls back). A ``tool`` message (a tool's result) is rendered like any other message, as
+``<|tool|>\n`` + its content. ``tool_choice`` may be ``"auto"`` (the default with tools) or ``"none"``
+(the tools are still shown; calls in the output stay text).
+
+The optional ``liveloop`` object places the request's turn in an agent trajectory, as the
+``X-Liveloop-Trajectory`` headers do (:mod:`serving.turns`).
 """
 
 from __future__ import annotations
@@ -23,10 +32,24 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from serving.errors import InvalidRequest
+from serving.tool_calls import render_call, render_tools
 
 
 class _Closed(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+class TurnPlaceBody(_Closed):
+    """The body's ``liveloop`` object: a turn's place in its agent trajectory (the ``X-Liveloop-*`` trajectory
+    headers' alternative; send one or the other). Checked by :mod:`serving.turns`, which names the bad field."""
+
+    trajectory_id: str = Field(description="The trajectory (a UUID); X-Liveloop-Trajectory.")
+    parent_turn_id: str | None = Field(default=None, description="The turn this one follows (a UUID).")
+    agent: str | None = Field(default=None, description="orchestrator, subagent or single (the default).")
+    agent_id: str | None = Field(default=None, description="Which agent instance, e.g. 'sub-1'; default 'main'.")
+    frozen: bool | None = Field(default=None, description="A sub-agent that is not trained.")
+    stage: int | None = Field(default=None, description="The orchestrator's round (0, 1, ...).")
+    boundary: str | None = Field(default=None, description="none, summary, prune or truncation.")
 
 
 class StreamOptions(_Closed):
@@ -53,6 +76,7 @@ class _Common(_Closed):
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
+    liveloop: TurnPlaceBody | None = None
 
     @field_validator("frequency_penalty", "presence_penalty")
     @classmethod
@@ -119,19 +143,70 @@ class TextPart(_Closed):
     text: str
 
 
+class FunctionCall(_Closed):
+    """A past call's function: its name and its arguments as a JSON string (OpenAI's shape)."""
+
+    name: str = Field(min_length=1)
+    arguments: str
+
+
+class MessageToolCall(_Closed):
+    """One call of an assistant message's ``tool_calls``."""
+
+    id: str = Field(min_length=1)
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(_Closed):
-    """One chat message; ``content`` is a string or a list of text parts."""
+    """One chat message; ``content`` is a string or a list of text parts. An assistant message may carry the
+    ``tool_calls`` it made; a ``tool`` message answers one of them (``tool_call_id``)."""
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[MessageToolCall] | None = None
+    tool_call_id: str | None = None
+
+    @model_validator(mode="after")
+    def _tool_fields(self) -> ChatMessage:
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError(f"only an assistant message can carry tool_calls, not a {self.role} message")
+        if self.tool_call_id is not None and self.role != "tool":
+            raise ValueError(f"only a tool message can carry tool_call_id, not a {self.role} message")
+        return self
 
     def text(self) -> str:
+        """The content as text, then the message's past tool calls in the model's syntax."""
         if self.content is None:
-            return ""
-        if isinstance(self.content, str):
-            return self.content
-        return "".join(part.text for part in self.content)
+            text = ""
+        elif isinstance(self.content, str):
+            text = self.content
+        else:
+            text = "".join(part.text for part in self.content)
+        calls = [render_call(c.function.name, c.function.arguments) for c in self.tool_calls or []]
+        return "\n".join([text, *calls]) if text and calls else text + "\n".join(calls)
+
+
+class FunctionDefinition(_Closed):
+    """A function tool: its name, what it does, and its parameters' JSON Schema."""
+
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[a-zA-Z0-9_-]+$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+    def required(self) -> list[str]:
+        """The argument names its parameters' schema requires."""
+        required = (self.parameters or {}).get("required", [])
+        return [str(name) for name in required] if isinstance(required, list) else []
+
+
+class Tool(_Closed):
+    """One entry of ``tools``: only function tools exist."""
+
+    type: Literal["function"]
+    function: FunctionDefinition
 
 
 class ChatCompletionRequest(_Common):
@@ -141,16 +216,35 @@ class ChatCompletionRequest(_Common):
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=5)
+    tools: list[Tool] | None = Field(default=None, max_length=128)
+    tool_choice: Literal["none", "auto"] | None = None
+    parallel_tool_calls: bool | None = None
+
+    @model_validator(mode="after")
+    def _tools(self) -> ChatCompletionRequest:
+        names = [tool.function.name for tool in self.tools or []]
+        if len(names) != len(set(names)):
+            raise ValueError("tools name a function twice; give each tool a name of its own")
+        if self.parallel_tool_calls is False:
+            raise ValueError("parallel_tool_calls false is not supported; leave it unset or true")
+        return self
+
+    def tool_table(self) -> dict[str, list[str]] | None:
+        """The tools whose calls are read back (name -> required arguments); None when none are."""
+        if not self.tools or self.tool_choice == "none":
+            return None
+        return {tool.function.name: tool.function.required() for tool in self.tools}
 
     def token_limit(self) -> int | None:
         """``max_completion_tokens`` (the newer name) or ``max_tokens``."""
         return self.max_completion_tokens or self.max_tokens
 
 
-def render_chat(messages: list[ChatMessage]) -> str:
-    """The prompt for ``messages`` under the module's chat template."""
+def render_chat(messages: list[ChatMessage], tools: list[Tool] | None = None) -> str:
+    """The prompt for ``messages`` (and ``tools``) under the module's chat template."""
+    head = render_tools([t.function.model_dump(exclude_none=True) for t in tools]) if tools else ""
     lines = [f"<|{m.role}|>\n{m.text()}\n" for m in messages]
-    return "".join(lines) + "<|assistant|>\n"
+    return head + "".join(lines) + "<|assistant|>\n"
 
 
 def parse_body(model: type[CompletionRequest] | type[ChatCompletionRequest], body: bytes) -> Any:

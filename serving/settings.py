@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from infra.settings import (
@@ -86,6 +86,20 @@ class ServingSettings(LiveloopSettings):
         default="default",
         pattern=r"^[a-z0-9][a-z0-9_-]{0,62}$",
         description="Tenant of a generation event when the request has no X-Liveloop-Tenant header.",
+    )
+    budget_soft_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        le=1 << 24,
+        description="Context budget of agent turns (requests placed in a trajectory): a turn served with more "
+        "prompt tokens than this is told so (liveloop.budget, X-Liveloop-Budget: soft). Unset: no soft threshold.",
+    )
+    budget_hard_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        le=1 << 24,
+        description="Hard context budget of agent turns: past it, every tool call but prune_chunks is refused "
+        "(serving.turns). Unset (the default): no budget.",
     )
 
     # -- the engine -------------------------------------------------------------------------------
@@ -196,6 +210,13 @@ class ServingSettings(LiveloopSettings):
         le=1.0,
         description="Share of sessions (sticky by session id) served by the candidate alias; 0 turns canaries off.",
     )
+
+    @model_validator(mode="after")
+    def _budget_ordered(self) -> ServingSettings:
+        soft, hard = self.budget_soft_tokens, self.budget_hard_tokens
+        if soft is not None and hard is not None and soft > hard:
+            raise ValueError(f"budget_soft_tokens {soft} is over budget_hard_tokens {hard}; the soft one comes first")
+        return self
 
 
 class GateSettings(LiveloopSettings):

@@ -9,19 +9,44 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import openai
 import uvicorn
 from fastapi import FastAPI
 from kafka import KafkaConsumer, TopicPartition
 
 from infra.credentials import ensure_credentials
 from infra.stack import Endpoints
+from ingest.client import Client
+from serving.settings import ServingSettings
 from tests.conftest import free_port
 from tests.http_process import http_process
+
+VERSION = 7
+"""The policy version the ``engine`` fixture serves by default."""
+CANARY = 8
+"""The second version that fixture loads beside it."""
+
+
+@dataclass
+class Gateway:
+    """A gateway started by the ``start_gateway`` fixture: its address, key, events topic, SDK and settings."""
+
+    url: str
+    key: str
+    topic: str
+    sdk: Client
+    settings: ServingSettings
+    closing: ExitStack
+
+    def client(self, key: str | None = None) -> openai.OpenAI:
+        """An openai client on this gateway, closed (with its connections) when the test ends."""
+        client = openai.OpenAI(base_url=f"{self.url}/v1", api_key=key or self.key, max_retries=0)
+        return self.closing.enter_context(client)
 
 
 @dataclass(frozen=True)

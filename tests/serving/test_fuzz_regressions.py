@@ -138,13 +138,23 @@ def test_the_openapi_document_describes_bodies_headers_key_and_errors(gateway: G
             "X-Liveloop-Tenant",
             "X-Liveloop-Surface",
             "X-Liveloop-Privacy-Mode",
+            "X-Liveloop-Trajectory",
+            "X-Liveloop-Parent-Turn",
+            "X-Liveloop-Agent",
+            "X-Liveloop-Agent-Id",
+            "X-Liveloop-Frozen",
+            "X-Liveloop-Stage",
+            "X-Liveloop-Boundary",
         ]
+        assert schemas["TurnPlaceBody"]["properties"]["trajectory_id"]["type"] == "string"
         assert sorted(operation["responses"]) == ["200", "400", "401", "404", "413", "500", "503"]
         properties = schemas[model]["properties"]
         assert properties["model"]["enum"] == [MODEL]
         assert {"minimum": 1, "maximum": 16, "type": "integer"} in properties["max_tokens"]["anyOf"]
         assert {"type": "integer", "minimum": -(2**63), "maximum": 2**63 - 1} in properties["seed"]["anyOf"]
     assert schemas["ErrorBody"]["required"] == ["error"]
+    assert "X-Liveloop-Budget" in document["paths"]["/v1/chat/completions"]["post"]["responses"]["200"]["headers"]
+    assert schemas["Tool"]["properties"]["function"] == {"$ref": "#/components/schemas/FunctionDefinition"}
     assert document["paths"]["/v1/models"]["get"]["security"] == [{"gatewayKey": []}]
 
 

@@ -2,92 +2,22 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import ExitStack
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import httpx
 import openai
 import pytest
 
-from infra.credentials import ensure_credentials
 from infra.stack import Endpoints
-from ingest.client import Client
 from ingest.events import parse_event
-from ingest.settings import SdkSettings
-from learner.tiny_model import TinyModelSpec, save_tiny_model
 from serving.engine import SamplingParams
-from serving.gateway import Router, create_app
 from serving.openai_schema import ChatMessage, render_chat
-from serving.settings import ServingSettings
 from serving.torch_engine import TorchEngine
-from tests.conftest import free_port
-from tests.serving.gateway_server import read_events, serve_in_thread
+from tests.serving.gateway_server import CANARY, VERSION, Gateway, read_events
 
 MODEL = "liveloop-policy"
-VERSION = 7
-CANARY = 8
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12)
-
-
-@pytest.fixture(scope="module")
-def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TorchEngine]:
-    """A CPU engine serving version 7 by default, with version 8 loaded beside it."""
-    root = tmp_path_factory.mktemp("models")
-    engine = TorchEngine(device="cpu", max_batch=8, batch_wait_ms=5)
-    engine.load(save_tiny_model(root / "v7", TinyModelSpec(seed=7)), VERSION)
-    engine.load(save_tiny_model(root / "v8", TinyModelSpec(seed=8)), CANARY)
-    yield engine
-    engine.close()
-
-
-@dataclass
-class Gateway:
-    url: str
-    key: str
-    topic: str
-    sdk: Client
-    settings: ServingSettings
-    closing: ExitStack
-
-    def client(self, key: str | None = None) -> openai.OpenAI:
-        """An openai client on this gateway, closed (with its connections) when the test ends."""
-        client = openai.OpenAI(base_url=f"{self.url}/v1", api_key=key or self.key, max_retries=0)
-        return self.closing.enter_context(client)
-
-
-@pytest.fixture
-def start_gateway(
-    engine: TorchEngine, endpoints: Endpoints, make_topic: Callable[..., str], tmp_path: Path
-) -> Iterator[Callable[..., Gateway]]:
-    """Start the gateway (uvicorn, a free port) with a fresh events topic; ``start_gateway(router=...)``."""
-    sdk_clients: list[Client] = []
-    servers = ExitStack()
-
-    def start(router: Router | None = None, served: TorchEngine | None = None) -> Gateway:
-        credentials = tmp_path / f"credentials-{len(sdk_clients)}.json"
-        key = ensure_credentials(credentials).gateway_key.get_secret_value()
-        topic = make_topic()
-        settings = ServingSettings(
-            port=free_port(),
-            credentials_path=credentials,
-            bootstrap=endpoints.kafka_bootstrap,
-            events_topic=topic,
-            sdk_journal_dir=tmp_path / f"journal-{len(sdk_clients)}",
-            default_max_tokens=12,
-        )
-        sdk = Client(SdkSettings(bootstrap=settings.bootstrap, topic=topic, journal_dir=settings.sdk_journal_dir))
-        sdk_clients.append(sdk)
-        app = create_app(settings, served or engine, emitter=sdk, router=router)
-        url = servers.enter_context(serve_in_thread(app, settings.port))
-        return Gateway(url, key, topic, sdk, settings, servers)
-
-    with servers:
-        yield start
-    for sdk in sdk_clients:
-        sdk.close()
 
 
 def test_completions_work_with_the_openai_client(start_gateway: Callable[..., Gateway], engine: TorchEngine) -> None:
