@@ -14,7 +14,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from ingest.events import Event, parse_event
+from distill.samples import sample_to_json
+from distill.spec import RewardSpec
+from distill.trajectory import trajectory_samples
+from ingest.events import Event, GenerationEvent, TrajectoryOutcomeEvent, parse_event
 
 Json = dict[str, Any]
 BASE = datetime(2026, 12, 1, 9, 0, 0, tzinfo=UTC)
@@ -38,6 +41,7 @@ class Tree:
     session_id: str = "session-agent"
     user_id: str = "user-agent"
     seed: int = 0
+    base: datetime = BASE
     trajectory_id: str = ""
     events: list[Json] = field(default_factory=list)
     clock: float = 0.0
@@ -56,7 +60,7 @@ class Tree:
         event = {
             "event_id": self.uuid(),
             "type": kind,
-            "ts": iso(BASE + timedelta(seconds=self.clock)),
+            "ts": iso(self.base + timedelta(seconds=self.clock)),
             "session_id": self.session_id,
             "user_id": self.user_id,
             "tenant": "acme",
@@ -140,6 +144,13 @@ class Tree:
             "subagents": subs,
         }
         self._envelope("trajectory.outcome", payload)
+
+    def expected(self, spec: RewardSpec) -> list[bytes]:
+        """The samples the pure code gives for this trajectory's events, as bytes, by turn time."""
+        events = self.parsed()
+        turns = [e for e in events if isinstance(e, GenerationEvent)]
+        outcome = next((e for e in events if isinstance(e, TrajectoryOutcomeEvent)), None)
+        return [sample_to_json(s) for s in trajectory_samples(turns, events, outcome, spec)[1]]
 
     def parsed(self) -> list[Event]:
         """The events, parsed as the distiller parses them."""

@@ -11,8 +11,7 @@ from distill.replay import replay_session
 from distill.samples import Sample, sample_to_json
 from distill.sessions import ORPHAN_GRACE_S, Outcome, SessionState, apply_event, apply_tick
 from distill.spec import load_spec
-from distill.trajectory import trajectory_samples
-from ingest.events import Event, GenerationEvent, TrajectoryOutcomeEvent, parse_event
+from ingest.events import Event, TrajectoryOutcomeEvent, parse_event
 from tests.distill.agent_trajectories import BASE, Tree, event_json, orchestrator_tree, summary_tree
 
 SPEC = load_spec()
@@ -42,10 +41,7 @@ def merge(total: Outcome, outcome: Outcome) -> None:
 
 
 def expected(tree: Tree) -> list[bytes]:
-    events = tree.parsed()
-    turns = [e for e in events if isinstance(e, GenerationEvent)]
-    outcome = next((e for e in events if isinstance(e, TrajectoryOutcomeEvent)), None)
-    return [sample_to_json(s) for s in trajectory_samples(turns, events, outcome, SPEC)[1]]
+    return tree.expected(SPEC)
 
 
 def as_json(samples: Sequence[Sample]) -> list[bytes]:
