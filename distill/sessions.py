@@ -44,9 +44,10 @@ from typing import Any
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, PrivateAttr
 
+from distill.errors import MisalignedTrajectory
 from distill.guards import admit_session, dedupe_key
 from distill.reward import final_at, is_late, score
-from distill.samples import FinalisedBy, Sample, sample_to_json
+from distill.samples import FinalisedBy, Sample, loss_mask_for, sample_to_json
 from distill.spec import RewardSpec
 from distill.trajectory import TrajectoryCredit, trajectory_samples
 from ingest.events import (
@@ -448,6 +449,12 @@ def _add_turn(state: SessionState, event: GenerationEvent, outcome: Outcome) -> 
         outcome.duplicate = True  # the same generation under another event id: keep the first
         return
     assert event.payload.turn is not None
+    if not event.payload.turn.frozen:
+        try:
+            loss_mask_for(event.payload)  # checked now: at finalisation it would fail its whole trajectory
+        except MisalignedTrajectory as exc:
+            outcome.unjoined.append((event, f"agent turn not trainable, dead-lettered: {exc}"))
+            return
     trajectory_id = str(event.payload.turn.trajectory_id)
     state.turns[generation_id] = trajectory_id
     if trajectory_id in state.trajectories_done:

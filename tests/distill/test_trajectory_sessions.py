@@ -11,8 +11,8 @@ from distill.replay import replay_session
 from distill.samples import Sample, sample_to_json
 from distill.sessions import ORPHAN_GRACE_S, Outcome, SessionState, apply_event, apply_tick
 from distill.spec import load_spec
-from ingest.events import Event, TrajectoryOutcomeEvent, parse_event
-from tests.distill.agent_trajectories import BASE, Tree, event_json, orchestrator_tree, summary_tree
+from ingest.events import Event, GenerationEvent, TrajectoryOutcomeEvent, parse_event
+from tests.distill.agent_trajectories import BASE, Tree, event_json, orchestrator_tree, segment, summary_tree
 
 SPEC = load_spec()
 assert SPEC.agent is not None
@@ -172,3 +172,17 @@ def _ended(session_id: str, seconds: float) -> dict[str, object]:
         "tenant": "acme",
         "payload": {"reason": "closed"},
     }
+
+
+def test_a_turn_whose_mask_cannot_be_derived_is_dead_lettered_and_the_rest_is_scored() -> None:
+    tree = Tree(seed=26)
+    tree.turn()
+    tree.turn(segments=[segment("policy", [1, 2])])
+    tree.events[-1]["payload"]["completion_token_ids"] = [1, 2, 3]  # segments no longer add up to the completion
+    tree.events[-1]["payload"]["completion_logprobs"] = [-0.5] * 3
+    tree.outcome(True)
+    _, outcome = feed(tree.parsed())
+    [(event, reason)] = outcome.unjoined
+    assert isinstance(event, GenerationEvent)
+    assert "segment token ids do not equal" in reason
+    assert [s.agent.trajectory_turns for s in outcome.samples if s.agent] == [1]
