@@ -141,6 +141,7 @@ class PendingTrajectory(BaseModel):
     # As in PendingGeneration: the events that arrived here, parsed, written to JSON only when stored.
     _turns: list[Event] | None = PrivateAttr(default=None)
     _feedback: list[Event] | None = PrivateAttr(default=None)
+    _outcome: Event | None = PrivateAttr(default=None)
 
     @classmethod
     def started(cls) -> PendingTrajectory:
@@ -160,10 +161,24 @@ class PendingTrajectory(BaseModel):
 
     def outcome_event(self) -> Event | None:
         """The outcome, if it came."""
-        return None if self.outcome is None else stored_event(self.outcome)
+        private = self._private()
+        if private["_outcome"] is None and self.outcome is not None:
+            private["_outcome"] = stored_event(self.outcome)
+        return private["_outcome"]  # type: ignore[no-any-return]
+
+    def has_outcome(self) -> bool:
+        """Whether the outcome came (it is written to ``outcome`` only when the state is stored)."""
+        return self.outcome is not None or self._private()["_outcome"] is not None
+
+    def set_outcome(self, event: TrajectoryOutcomeEvent) -> None:
+        """Record the outcome; most trajectories are final at once, so it is serialised only if stored."""
+        self._private()["_outcome"] = event
 
     def write_json(self) -> None:
         """Bring the JSON fields up to date with the events that arrived since the state was loaded."""
+        outcome = self._private()["_outcome"]
+        if outcome is not None and self.outcome is None:
+            self.outcome = event_to_json(outcome).decode()
         for name, stored in (("_turns", self.turns), ("_feedback", self.feedback)):
             parsed = self._private()[name]
             if parsed is not None and len(parsed) > len(stored):
@@ -344,7 +359,7 @@ def trajectory_due(
     before its turns is applied, or dead-lettered when none came; a trajectory without one times out."""
     if trajectory.last_turn_at is None:
         return orphans_due(state, spec, orphan_grace_s)  # an outcome alone: it waits for its turns like an orphan
-    if trajectory.outcome is not None:
+    if trajectory.has_outcome():
         return state.touched_at + orphan_grace_s  # turns that came after their outcome: wait for stragglers
     assert spec.agent is not None  # turns are assembled only under a spec with an agent section
     due = trajectory.last_turn_at.timestamp() + spec.agent.params.timeout_s
@@ -465,6 +480,8 @@ def _add_turn(state: SessionState, event: GenerationEvent, outcome: Outcome) -> 
     trajectory.turn_events().append(event)
     if trajectory.last_turn_at is None or event.ts > trajectory.last_turn_at:
         trajectory.last_turn_at = event.ts
+    if not state.orphans:
+        return
     others: list[str] = []
     for raw in state.orphans:
         feedback = stored_event(raw)
@@ -481,7 +498,7 @@ def _add_trajectory_outcome(
     """Record a trajectory's outcome: finalise it if its turns are here, else let it wait for them."""
     trajectory_id = str(event.payload.trajectory_id)
     trajectory = state.trajectories.get(trajectory_id)
-    if trajectory_id in state.trajectories_done or (trajectory is not None and trajectory.outcome is not None):
+    if trajectory_id in state.trajectories_done or (trajectory is not None and trajectory.has_outcome()):
         why = "it was finalised already (by an earlier outcome or a timeout)"
         if trajectory is not None:
             why = "it has an outcome already; send one per trajectory"
@@ -489,7 +506,7 @@ def _add_trajectory_outcome(
         return
     if trajectory is None:
         trajectory = state.trajectories[trajectory_id] = PendingTrajectory.started()
-    trajectory.outcome = event_to_json(event).decode()
+    trajectory.set_outcome(event)
     if trajectory.last_turn_at is not None:
         _close_trajectory(state, trajectory_id, spec, outcome, now)
 

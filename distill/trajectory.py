@@ -101,9 +101,10 @@ def place(event: GenerationEvent) -> TurnPlace:
 def unique_turns(turns: Iterable[GenerationEvent]) -> list[GenerationEvent]:
     """The turns, one per generation id (the earliest by ``(ts, event_id)`` wins), by ``(ts, generation id)``."""
     first: dict[UUID, GenerationEvent] = {}
-    for event in sorted(turns, key=lambda e: (e.ts, str(e.event_id))):
+    # UUIDs compare as their canonical strings do, without writing each one out.
+    for event in sorted(turns, key=lambda e: (e.ts, e.event_id)):
         first.setdefault(event.payload.generation_id, event)
-    return sorted(first.values(), key=lambda e: (e.ts, str(e.payload.generation_id)))
+    return sorted(first.values(), key=lambda e: (e.ts, e.payload.generation_id))
 
 
 def critical_steps(places: Sequence[TurnPlace]) -> int:
@@ -243,6 +244,7 @@ def trajectory_samples(
     summarised = {p.parent_turn_id for p in places if p.boundary == "summary" and p.parent_turn_id is not None}
     spec_hash = spec.spec_hash
     samples: list[Sample] = []
+    shared: list[AgentCredit] = []  # the first turn's, validated: the others copy its trajectory figures
     for event, turn in zip(ordered, places, strict=True):
         payload = event.payload
         if payload.generation_id not in per_turn:
@@ -267,7 +269,7 @@ def trajectory_samples(
                 loss_mask=loss_mask_for(payload),
                 reward=credit.reward,
                 components=credit.components,
-                source_event_ids=sorted(sources, key=str),
+                source_event_ids=sorted(sources),  # UUIDs sort as their strings do
                 spec_version=spec.version,
                 spec_hash=spec_hash,
                 session_id=event.session_id,
@@ -279,25 +281,45 @@ def trajectory_samples(
                 deferral=deferral,
                 invalid_tool_calls=invalid,
                 generated_at=event.ts,
-                agent=AgentCredit(
-                    trajectory_id=credit.trajectory_id,
-                    turn_id=turn.turn_id,
-                    agent=turn.agent,
-                    agent_id=turn.agent_id,
-                    stage=turn.stage,
-                    boundary=turn.boundary,
-                    summary_turn=turn.turn_id in summarised,
-                    frozen=False,
-                    trajectory_turns=credit.trainable_turns,
-                    critical_steps=credit.critical_steps,
-                    r_perf=credit.r_perf,
-                    r_parallel=credit.r_parallel,
-                    r_finish=credit.r_finish,
-                    guards=credit.guards,
-                ),
+                agent=_agent_credit(credit, turn, turn.turn_id in summarised, shared),
             )
         )
     return credit, samples
+
+
+def _agent_credit(
+    credit: TrajectoryCredit, turn: TurnPlace, summary_turn: bool, shared: list[AgentCredit]
+) -> AgentCredit:
+    """The turn's :class:`AgentCredit`. The trajectory's figures are validated once, for its first turn; the
+    others copy them with their own place, whose fields their validated :class:`TurnPlace` already checked."""
+    if shared:
+        own = {
+            "turn_id": turn.turn_id,
+            "agent": turn.agent,
+            "agent_id": turn.agent_id,
+            "stage": turn.stage,
+            "boundary": turn.boundary,
+            "summary_turn": summary_turn,
+        }
+        return shared[0].model_copy(update=own)
+    first = AgentCredit(
+        trajectory_id=credit.trajectory_id,
+        turn_id=turn.turn_id,
+        agent=turn.agent,
+        agent_id=turn.agent_id,
+        stage=turn.stage,
+        boundary=turn.boundary,
+        summary_turn=summary_turn,
+        frozen=False,
+        trajectory_turns=credit.trainable_turns,
+        critical_steps=credit.critical_steps,
+        r_perf=credit.r_perf,
+        r_parallel=credit.r_parallel,
+        r_finish=credit.r_finish,
+        guards=credit.guards,
+    )
+    shared.append(first)
+    return first
 
 
 def _over_budget(turn: TurnPlace | None) -> bool:

@@ -4,9 +4,11 @@ Both sides are the same real distiller (``python -m distill.app``, default setti
 a topic filled before it starts, over the same number of events, timed as ``test_distill_bench.py`` times
 its filled runs (first to last sample on the samples topic, by broker time: start-up and recovery come
 before the first). Agent traffic is the reference trees of ``tests/distill/agent_trajectories.py`` in
-turn (an orchestrator with five frozen sub-agents: 17 events and 4 samples; two summaries: 6 and 5; a
-pruned search over budget: 6 and 5), one trajectory per session; single-turn traffic is sessions of four
-events (start, generation, accept, end). Runs alternate. Goal: agent throughput at least 0.7 of single-turn.
+turn, each tool call followed by its ``tool.result`` as a product reports them (an orchestrator with five
+frozen sub-agents: 36 events and 4 samples; two summaries: 8 and 5; a pruned search over budget: 12 and
+5), one trajectory per session: a quarter of a sample per event, as single-turn traffic (sessions of four
+events: start, generation, accept, end) has. Runs alternate. Goal: agent throughput at least 0.7 of
+single-turn.
 
 Never asserts on time; it asserts only that every sample arrived.
 """
@@ -50,7 +52,7 @@ def agent_records(events: int) -> tuple[list[tuple[bytes, bytes]], int]:
     while len(records) < events:
         session = f"agent-bench-{run}-{index}"
         tree, _ = SHAPES[index % len(SHAPES)](
-            seed=(run << 20) | index, session_id=session, user_id=f"user-{index % 500}", base=now
+            seed=(run << 20) | index, session_id=session, user_id=f"user-{index % 500}", base=now, tool_results=True
         )
         records += [(session.encode(), dump_json(event)) for event in tree.events]
         samples += len(tree.expected(spec))
@@ -96,6 +98,7 @@ def test_agent_distill_throughput(endpoints: Endpoints, fresh_database: str, tmp
             "partitions": PARTITIONS,
             "agent_runs": rates[True],
             "single_turn_runs": rates[False],
-            "agent_traffic": "orchestrator (17 events, 4 samples), two summaries (6, 5), pruned search (6, 5), in turn",
+            "agent_traffic": "orchestrator (36 events, 4 samples), two summaries (8, 5), pruned search (12, 5), "
+            "in turn; every tool call with its tool.result",
         },
     )

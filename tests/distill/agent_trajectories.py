@@ -42,6 +42,7 @@ class Tree:
     user_id: str = "user-agent"
     seed: int = 0
     base: datetime = BASE
+    tool_results: bool = False  # every tool call of a turn gets a successful tool.result right after it
     trajectory_id: str = ""
     events: list[Json] = field(default_factory=list)
     clock: float = 0.0
@@ -118,6 +119,9 @@ class Tree:
         if segments:
             payload["trajectory"] = segments
         self._envelope("generation", payload)
+        if self.tool_results:
+            for index, name in enumerate(calls):
+                self.tool_result(turn_id, name, call_index=index)
         return turn_id
 
     def tool_result(self, turn_id: str, tool: str, *, valid: bool = True, call_index: int | None = 0) -> None:
