@@ -41,7 +41,7 @@ from distill.admission import ScoredSample, UserAdmissions
 from distill.batch import TableBatch
 from distill.deadlines import DeadlineIndex
 from distill.fetches import Fetches
-from distill.metrics import METRICS, joins, render
+from distill.metrics import METRICS, agent_guards, count_trajectories, joins, render
 from distill.samples import parse_sample
 from distill.scored import ScoredRecords, partition_of, samples_of
 from distill.sessions import Outcome, SessionState, apply_event, apply_tick, expired, settle_outbox
@@ -142,6 +142,7 @@ def build_app(settings: DistillSettings, spec: RewardSpec | None = None) -> faus
         # Counted per batch: a labelled counter costs a lookup and a lock per call.
         by_version: dict[int, list[int]] = {}  # policy version -> [generations, deferrals, invalid tool calls]
         capped = 0
+        count_trajectories([credit for outcome, _ in outcomes for credit in outcome.trajectories])
         for outcome, state in outcomes:
             for sample, sample_json in zip(outcome.samples, outcome.sample_json, strict=True):
                 records.add(sample.user_id, sample_json)
@@ -335,8 +336,9 @@ def build_app(settings: DistillSettings, spec: RewardSpec | None = None) -> faus
     async def status(web: Any, request: Any) -> Any:
         """What ``liveloop status`` shows of the distiller: that it runs (this page is served by the running
         worker, as ``/healthz`` is; a status document says ``state`` like the learner's, which tools that wait
-        for a component to come back read), feedback that joined nothing, generations without any."""
-        return web.json({"state": "running", **joins()})
+        for a component to come back read), feedback that joined nothing, generations without any, and agent
+        trajectories finalised with the number each guard fired on."""
+        return web.json({"state": "running", **joins(), "agent_guards": agent_guards()})
 
     @app.page("/metrics")
     async def metrics(web: Any, request: Any) -> Any:

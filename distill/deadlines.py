@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import heapq
 
-from distill.sessions import ORPHAN_GRACE_S, SessionState, orphans_due
+from distill.sessions import ORPHAN_GRACE_S, SessionState, orphans_due, trajectory_due
 from distill.spec import RewardSpec
 
 
@@ -37,7 +37,7 @@ class DeadlineIndex:
 
     def update(self, key: bytes, partition: int, state: SessionState) -> None:
         """Record when ``state`` next needs a tick: a window closes, its outbox settles, its orphans stop
-        waiting, or it expires."""
+        waiting, a trajectory is due (:func:`distill.sessions.trajectory_due`), or it expires."""
         if state.pending:
             due = min(p.final_at.timestamp() for p in state.pending.values())
         elif state.outbox:
@@ -46,6 +46,8 @@ class DeadlineIndex:
             due = state.touched_at + self._spec.windows_s.longest
         if state.orphans:
             due = min(due, orphans_due(state, self._spec, self._orphan_grace_s))
+        for trajectory in state.trajectories.values():
+            due = min(due, trajectory_due(state, trajectory, self._spec, self._orphan_grace_s))
         current = self._due.setdefault(partition, {})
         if current.get(key) == due:
             return

@@ -14,11 +14,19 @@ from distill.guards import (
     USER_CAP_COUNTER,
 )
 from distill.reward import LATE_FEEDBACK_COUNTER
+from distill.trajectory import GUARDS, TrajectoryCredit
 
 UNJOINED_FEEDBACK_COUNTER = "liveloop_distill_unjoined_feedback_total"
 """Feedback events that named a generation their session never had (each one is dead-lettered)."""
 WITHOUT_FEEDBACK_COUNTER = "liveloop_distill_generations_without_feedback_total"
 """Generations whose reward became final with no feedback event at all."""
+
+TRAJECTORIES_COUNTER = "liveloop_distill_trajectories_total"
+"""Agent trajectories finalised, labelled by ``finalised_by`` (outcome or timeout)."""
+AGENT_PRUNES_COUNTER = "liveloop_distill_agent_prunes_total"
+"""Turns of finalised trajectories whose context was formed after a prune."""
+AGENT_GUARD_COUNTERS = {guard: f"liveloop_distill_agent_{guard}_total" for guard in GUARDS}
+"""Per agent guard (:data:`distill.trajectory.GUARDS`): finalised trajectories on which it fired (metric > 0)."""
 
 REGISTRY = CollectorRegistry()
 _BY_VERSION = ("policy_version",)
@@ -51,7 +59,34 @@ METRICS = SimpleNamespace(
         UNJOINED_FEEDBACK_COUNTER, "Feedback that joined no generation of its session (sent to the dead-letter topic)."
     ),
     without_feedback=_counter(WITHOUT_FEEDBACK_COUNTER, "Generations finalised with no feedback at all."),
+    trajectories=_counter(TRAJECTORIES_COUNTER, "Agent trajectories finalised, by how.", ("finalised_by",)),
+    agent_prunes=_counter(AGENT_PRUNES_COUNTER, "Agent turns whose context was formed after a prune."),
 )
+AGENT_GUARDS = {
+    guard: _counter(name, f"Agent trajectories on which the {guard} guard fired.")
+    for guard, name in AGENT_GUARD_COUNTERS.items()
+}
+
+
+def count_trajectories(credits: list[TrajectoryCredit]) -> None:
+    """Count finalised trajectories, their prunes and the guards that fired on them."""
+    for how in ("outcome", "timeout"):
+        if finished := sum(credit.finalised_by == how for credit in credits):
+            METRICS.trajectories.labels(how).inc(finished)
+    METRICS.agent_prunes.inc(sum(credit.prunes for credit in credits))
+    for guard, counter in AGENT_GUARDS.items():
+        if fired := sum(credit.guards[guard] > 0 for credit in credits):
+            counter.inc(fired)
+
+
+def agent_guards() -> dict[str, int]:
+    """Agent trajectories finalised and, per guard, those it fired on, since this process started (``/status``)."""
+    finished = {
+        how: int(REGISTRY.get_sample_value(TRAJECTORIES_COUNTER, {"finalised_by": how}) or 0)
+        for how in ("outcome", "timeout")
+    }
+    guards = {guard: int(REGISTRY.get_sample_value(name) or 0) for guard, name in AGENT_GUARD_COUNTERS.items()}
+    return {"trajectories": sum(finished.values()), **guards}
 
 
 def joins() -> dict[str, int]:

@@ -13,6 +13,12 @@ per-session caps): a capped generation is replayed and reported as missing in th
 how an auditor sees how much a guard held back. Privacy-mode events are never archived, so a session
 made private after some of its events were archived cannot be recognised here (the SDK drops
 privacy-mode events at the source, so such a session normally never reaches the stream either).
+
+Agent trajectories (:mod:`distill.trajectory`) are re-derived with the same pure code: a trajectory's
+outcome counts unless stamped past its timeout, and one without an outcome is final by timeout. Turns the
+stream received after it had finalised their trajectory were recorded late, so replay leaves them out too;
+an outcome the stream dead-lettered because it had already timed the trajectory out by its wall clock (an
+outcome stamped in time that arrived late) is the one case replay cannot tell apart.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from uuid import UUID
 
 import psycopg
@@ -31,7 +37,8 @@ from distill.reward import final_at, score
 from distill.samples import Sample, parse_sample, sample_to_json
 from distill.sessions import finalised_by
 from distill.spec import RewardSpec
-from ingest.events import Event, GenerationEvent, SessionEndedEvent, parse_event
+from distill.trajectory import trajectory_samples
+from ingest.events import Event, GenerationEvent, SessionEndedEvent, TrajectoryOutcomeEvent, parse_event
 
 LISTED = 10
 """How many sample ids of each kind of difference a report names."""
@@ -58,6 +65,8 @@ def replay_session(
     seen: set[str] = set()
     generations: dict[UUID, GenerationEvent] = {}
     feedback: dict[UUID, list[Event]] = {}
+    turns: dict[UUID, list[GenerationEvent]] = {}  # agent turns by trajectory, under a spec with agent credit
+    outcomes: dict[UUID, TrajectoryOutcomeEvent] = {}
     ended: SessionEndedEvent | None = None
     for event in events:
         key = dedupe_key(event)
@@ -66,17 +75,49 @@ def replay_session(
         seen.add(key)
         if isinstance(event, SessionEndedEvent):
             ended = ended or event  # the first end finalises the generations seen so far
+        elif isinstance(event, TrajectoryOutcomeEvent):
+            outcomes.setdefault(event.payload.trajectory_id, event)  # the stream dead-letters any later one
         elif isinstance(event, GenerationEvent):
-            generations.setdefault(event.payload.generation_id, event)
+            if event.payload.turn is not None and spec.agent is not None:
+                turns.setdefault(event.payload.turn.trajectory_id, []).append(event)
+            else:
+                generations.setdefault(event.payload.generation_id, event)
         else:
             generation_id: UUID | None = getattr(event.payload, "generation_id", None)
             if generation_id is not None:
                 feedback.setdefault(generation_id, []).append(event)
-    return [
+    samples = [
         score(generation, feedback.get(generation_id, []), spec, finalised_by(generation, ended, spec))
         for generation_id, generation in generations.items()
         if ended is not None or now is None or final_at(generation, spec) <= now
     ]
+    return samples + _trajectory_samples(turns, outcomes, feedback, spec, ended, now)
+
+
+def _trajectory_samples(
+    turns: dict[UUID, list[GenerationEvent]],
+    outcomes: dict[UUID, TrajectoryOutcomeEvent],
+    feedback: dict[UUID, list[Event]],
+    spec: RewardSpec,
+    ended: SessionEndedEvent | None,
+    now: datetime | None,
+) -> list[Sample]:
+    """The agent samples of the session's trajectories, finalised as the stream decides by event times
+    (:mod:`distill.sessions`): by the outcome unless it is stamped past the timeout, else by the timeout
+    once it has passed at ``now`` (or the session ended; without ``now``, always)."""
+    samples: list[Sample] = []
+    for trajectory_id, trajectory in turns.items():
+        assert spec.agent is not None  # turns are grouped only under a spec with agent credit
+        timeout = timedelta(seconds=spec.agent.params.timeout_s)
+        last_turn_at = max(turn.ts for turn in trajectory)
+        outcome = outcomes.get(trajectory_id)
+        if outcome is not None and outcome.ts > last_turn_at + timeout:
+            outcome = None
+        if outcome is None and ended is None and now is not None and last_turn_at + timeout > now:
+            continue  # still open in the stream
+        joined = [event for turn in trajectory for event in feedback.get(turn.payload.generation_id, [])]
+        samples += trajectory_samples(trajectory, joined, outcome, spec)[1]
+    return samples
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ normalisation (identity if none). Clipping comes last so that the spec's bounds 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from datetime import datetime, timedelta
 from typing import TypeGuard
 from uuid import UUID
@@ -118,12 +118,16 @@ def final_at(generation: GenerationEvent, spec: RewardSpec) -> datetime:
 def is_deferral(generation: GenerationPayload) -> bool:
     """Whether the generation asked a question instead of doing the work it was asked for.
 
-    True when all hold: work was expected (``task_kind`` in :data:`WORK_TASK_KINDS`, or an agent
-    surface); the generation did nothing (no tool calls, no tool or sub-agent trajectory segment);
+    True when all hold: work was expected (``task_kind`` in :data:`WORK_TASK_KINDS`, an agent
+    surface, or an agent turn); the generation did nothing (no tool calls, no tool or sub-agent trajectory segment);
     the completion, stripped, ends with ``?``; and it holds no code (no ````` fence, no line indented
     by four spaces or a tab). Deliberately simple: it is watched per policy version, not trusted blindly.
     """
-    agent = generation.surface == AGENT_SURFACE or generation.surface.startswith(AGENT_SURFACE + ".")
+    agent = (
+        generation.turn is not None  # an agent turn is an agent's, whatever surface it was shown on
+        or generation.surface == AGENT_SURFACE
+        or generation.surface.startswith(AGENT_SURFACE + ".")
+    )
     if generation.task_kind not in WORK_TASK_KINDS and not agent:
         return False
     acted = bool(generation.tool_calls) or any(s.role in ("tool", "subagent") for s in generation.trajectory or [])
@@ -132,13 +136,16 @@ def is_deferral(generation: GenerationPayload) -> bool:
     return not acted and text.endswith("?") and not has_code
 
 
-def count_invalid_tool_calls(generation: GenerationPayload, results: Iterable[ToolResultEvent]) -> int:
+def count_invalid_tool_calls(
+    generation: GenerationPayload, results: Iterable[ToolResultEvent], skip: Collection[int] = ()
+) -> int:
     """The generation's invalid tool calls: flagged ``valid=False`` by the gateway or failed when run.
 
     Calls are identified by index: a call flagged invalid and also reported failed (``call_index``)
     counts once, as do several failed results for one index. A failed result without ``call_index``
     cannot be matched to a call, so each such event counts on its own. A successful result never
-    clears a call the gateway flagged: a malformed call stays penalised.
+    clears a call the gateway flagged: a malformed call stays penalised. Calls at the indices in ``skip``
+    are not counted (an agent turn's calls the gateway refused for the budget, penalised as overruns).
     """
     indices = {index for index, call in enumerate(generation.tool_calls) if call.valid is False}
     unmatched = 0
@@ -149,7 +156,7 @@ def count_invalid_tool_calls(generation: GenerationPayload, results: Iterable[To
             unmatched += 1
         else:
             indices.add(result.payload.call_index)
-    return len(indices) + unmatched
+    return len(indices - set(skip)) + unmatched
 
 
 def counted_feedback(generation: GenerationEvent, events: Iterable[EventBase], spec: RewardSpec) -> list[Feedback]:

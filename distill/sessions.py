@@ -22,6 +22,15 @@ Rules:
   what a backend sending its feedback under the wrong session looks like from here.
 - An event seen before (same tenant and event id) changes nothing; a privacy-mode event marks the
   whole session private, and a private session keeps nothing and yields nothing.
+- An agent turn (a generation with a ``turn``, under a spec with an ``agent`` section) is never scored on
+  its own: it joins its trajectory (``SessionState.trajectories``), with the feedback naming it. The
+  trajectory is finalised (:mod:`distill.trajectory`, one sample per trainable turn) when its outcome
+  arrives after its turns; an outcome that came first waits, and is applied ``orphan_grace_s`` after the
+  session's last event (its turns are late on another path), or dead-lettered like an orphan if no turn of
+  it ever comes. Without an outcome it times out ``agent.params.timeout_s`` after its last turn (event
+  time, against the tick's clock), or ``orphan_grace_s`` after its ended session's last event. An outcome
+  stamped past the timeout counts as none (replay decides the same from event times); a turn, feedback
+  or outcome for a finalised trajectory is late (an outcome: dead-lettered, it names no generation).
 - A sample stays in the session's outbox until it is surely delivered (``settle_outbox``): the
   app publishes it without waiting, and after a crash it publishes the outbox again (consumers drop
   the repeats by ``sample_id``), so a sample is never lost between the table and the topic.
@@ -30,15 +39,17 @@ Rules:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, PrivateAttr
 
+from distill.errors import MisalignedTrajectory
 from distill.guards import admit_session, dedupe_key
 from distill.reward import final_at, is_late, score
-from distill.samples import FinalisedBy, Sample, sample_to_json
+from distill.samples import FinalisedBy, Sample, loss_mask_for, sample_to_json
 from distill.spec import RewardSpec
+from distill.trajectory import TrajectoryCredit, trajectory_samples
 from ingest.events import (
     EVENT_ADAPTER,
     Event,
@@ -118,6 +129,73 @@ class PendingGeneration(BaseModel):
             self.feedback += [event_to_json(event).decode() for event in feedback[len(self.feedback) :]]
 
 
+class PendingTrajectory(BaseModel):
+    """An agent trajectory being assembled: its turns, their feedback, and its outcome once it came."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    turns: list[str] = Field(default_factory=list, description="Its generation events, as JSON.")
+    feedback: list[str] = Field(default_factory=list, description="Feedback naming its turns, as JSON.")
+    outcome: str | None = Field(default=None, description="The trajectory.outcome event, as JSON.")
+    last_turn_at: AwareDatetime | None = Field(default=None, description="Event time of its latest turn.")
+    # As in PendingGeneration: the events that arrived here, parsed, written to JSON only when stored.
+    _turns: list[Event] | None = PrivateAttr(default=None)
+    _feedback: list[Event] | None = PrivateAttr(default=None)
+    _outcome: Event | None = PrivateAttr(default=None)
+
+    @classmethod
+    def started(cls) -> PendingTrajectory:
+        """A trajectory of which nothing has arrived yet (parsed lists empty, nothing to read back)."""
+        pending = cls()
+        private = pending._private()
+        private["_turns"], private["_feedback"] = [], []
+        return pending
+
+    def turn_events(self) -> list[Event]:
+        """The turns, in arrival order."""
+        return self._events("_turns", self.turns)
+
+    def feedback_events(self) -> list[Event]:
+        """The feedback, in arrival order."""
+        return self._events("_feedback", self.feedback)
+
+    def outcome_event(self) -> Event | None:
+        """The outcome, if it came."""
+        private = self._private()
+        if private["_outcome"] is None and self.outcome is not None:
+            private["_outcome"] = stored_event(self.outcome)
+        return private["_outcome"]  # type: ignore[no-any-return]
+
+    def has_outcome(self) -> bool:
+        """Whether the outcome came (it is written to ``outcome`` only when the state is stored)."""
+        return self.outcome is not None or self._private()["_outcome"] is not None
+
+    def set_outcome(self, event: TrajectoryOutcomeEvent) -> None:
+        """Record the outcome; most trajectories are final at once, so it is serialised only if stored."""
+        self._private()["_outcome"] = event
+
+    def write_json(self) -> None:
+        """Bring the JSON fields up to date with the events that arrived since the state was loaded."""
+        outcome = self._private()["_outcome"]
+        if outcome is not None and self.outcome is None:
+            self.outcome = event_to_json(outcome).decode()
+        for name, stored in (("_turns", self.turns), ("_feedback", self.feedback)):
+            parsed = self._private()[name]
+            if parsed is not None and len(parsed) > len(stored):
+                stored += [event_to_json(event).decode() for event in parsed[len(stored) :]]
+
+    def _events(self, name: str, stored: list[str]) -> list[Event]:
+        private = self._private()
+        if private[name] is None:
+            private[name] = [stored_event(raw) for raw in stored]
+        return private[name]  # type: ignore[no-any-return]
+
+    def _private(self) -> dict[str, Any]:
+        private = self.__pydantic_private__  # read directly, as PendingGeneration._parsed explains
+        assert private is not None
+        return private
+
+
 class SessionState(BaseModel):
     """Everything the distiller remembers of one session (the value of its table)."""
 
@@ -135,11 +213,18 @@ class SessionState(BaseModel):
         description="Samples published but maybe not yet delivered: generation id -> (sample JSON, wall time).",
     )
     touched_at: float = Field(default=0.0, description="Wall-clock time of the last event (for expiry).")
+    trajectories: dict[str, PendingTrajectory] = Field(
+        default_factory=dict, description="Agent trajectories being assembled, by trajectory id."
+    )
+    turns: dict[str, str] = Field(default_factory=dict, description="Agent turns seen: generation id -> trajectory.")
+    trajectories_done: list[str] = Field(default_factory=list, description="Ids of the finalised trajectories.")
 
     def dump(self) -> bytes:
         """The state as compact JSON bytes (the table's value, stored as is)."""
         for pending in self.pending.values():
             pending.write_json()
+        for trajectory in self.trajectories.values():
+            trajectory.write_json()
         return self.model_dump_json().encode()
 
     @classmethod
@@ -172,6 +257,7 @@ class Outcome:
     without_feedback: int = 0
     duplicate: bool = False
     private: bool = False
+    trajectories: list[TrajectoryCredit] = field(default_factory=list)
 
 
 def finalised_by(generation: GenerationEvent, ended: SessionEndedEvent | None, spec: RewardSpec) -> FinalisedBy:
@@ -187,6 +273,7 @@ def apply_event(state: SessionState, event: Event, spec: RewardSpec, now: float)
     if state.private or event.privacy_mode:
         # Forget everything: not even the ids of a private session's events are kept.
         state.private, state.pending, state.orphans, state.seen = True, {}, [], []
+        state.trajectories, state.turns, state.trajectories_done = {}, {}, []
         outcome.private = True
         return outcome
     key = dedupe_key(event)
@@ -196,9 +283,11 @@ def apply_event(state: SessionState, event: Event, spec: RewardSpec, now: float)
         return outcome
     state.seen.append(key)
     state.touched_at = now
-    if isinstance(event, SessionStartedEvent | TrajectoryOutcomeEvent):
-        # Trajectory assembly (turns and outcomes into agent samples) is not wired in yet: an outcome is
-        # recorded as seen and changes nothing, rather than being mistaken for a generation's feedback.
+    if isinstance(event, SessionStartedEvent):
+        return outcome
+    if isinstance(event, TrajectoryOutcomeEvent):
+        if spec.agent is not None:  # a spec without agent credit scores agent turns alone and ignores outcomes
+            _add_trajectory_outcome(state, event, spec, outcome, now)
         return outcome
     if isinstance(event, SessionEndedEvent):
         state.ended = event_to_json(event).decode()
@@ -206,11 +295,20 @@ def apply_event(state: SessionState, event: Event, spec: RewardSpec, now: float)
             _finalise(state, generation_id, spec, outcome, now, event)
         return outcome
     if isinstance(event, GenerationEvent):
-        _add_generation(state, event, spec, outcome, now)
+        if event.payload.turn is not None and spec.agent is not None:
+            _add_turn(state, event, outcome)
+        else:
+            _add_generation(state, event, spec, outcome, now)
         return outcome
     generation_id = str(_generation_id(event))
     if generation_id in state.finalised:
         outcome.late.append(event)
+    elif generation_id in state.turns:
+        trajectory = state.trajectories.get(state.turns[generation_id])
+        if trajectory is None:
+            outcome.late.append(event)  # a frozen turn of a finalised trajectory (no sample of its own)
+        else:
+            trajectory.feedback_events().append(event)
     elif generation_id in state.pending:
         pending = state.pending[generation_id]
         if is_late(pending.generation_event(), event, spec):
@@ -231,6 +329,9 @@ def apply_tick(state: SessionState, now: datetime, spec: RewardSpec, orphan_grac
     for generation_id, pending in list(state.pending.items()):
         if pending.final_at <= now:
             _finalise(state, generation_id, spec, outcome, now.timestamp())
+    for trajectory_id, trajectory in list(state.trajectories.items()):
+        if now.timestamp() >= trajectory_due(state, trajectory, spec, orphan_grace_s):
+            _close_trajectory(state, trajectory_id, spec, outcome, now.timestamp())
     if state.orphans and now.timestamp() >= orphans_due(state, spec, orphan_grace_s):
         for raw in state.orphans:
             event = stored_event(raw)
@@ -249,6 +350,20 @@ def orphans_due(state: SessionState, spec: RewardSpec, orphan_grace_s: float = O
     ended session, else when the session would expire."""
     quiet_s = orphan_grace_s if state.ended else float(spec.windows_s.longest)
     return state.touched_at + quiet_s
+
+
+def trajectory_due(
+    state: SessionState, trajectory: PendingTrajectory, spec: RewardSpec, orphan_grace_s: float = ORPHAN_GRACE_S
+) -> float:
+    """When (epoch seconds) a tick closes the trajectory (see the module docstring): an outcome that came
+    before its turns is applied, or dead-lettered when none came; a trajectory without one times out."""
+    if trajectory.last_turn_at is None:
+        return orphans_due(state, spec, orphan_grace_s)  # an outcome alone: it waits for its turns like an orphan
+    if trajectory.has_outcome():
+        return state.touched_at + orphan_grace_s  # turns that came after their outcome: wait for stragglers
+    assert spec.agent is not None  # turns are assembled only under a spec with an agent section
+    due = trajectory.last_turn_at.timestamp() + spec.agent.params.timeout_s
+    return min(due, state.touched_at + orphan_grace_s) if state.ended else due
 
 
 def unjoined_reason(event: Event, why: str) -> str:
@@ -281,6 +396,7 @@ def expired(state: SessionState, now: float, spec: RewardSpec) -> bool:
         not state.pending
         and not state.outbox
         and not state.orphans  # given up by a tick first (``apply_tick``), never dropped silently
+        and not state.trajectories  # finalised or dead-lettered by a tick first, too
         and now - state.touched_at > spec.windows_s.longest
     )
 
@@ -324,7 +440,12 @@ def _finalise(
     assert ended is None or isinstance(ended, SessionEndedEvent)
     feedback = pending.feedback_events()
     outcome.without_feedback += not feedback
-    sample = score(generation, feedback, spec, finalised_by(generation, ended, spec))
+    _emit(state, score(generation, feedback, spec, finalised_by(generation, ended, spec)), spec, outcome, now)
+
+
+def _emit(state: SessionState, sample: Sample, spec: RewardSpec, outcome: Outcome, now: float) -> None:
+    """Mark the sample's generation final and publish the sample, unless the per-session cap holds it back."""
+    generation_id = str(sample.generation_id)
     state.finalised[generation_id] = sample.sample_id
     admitted, state.admitted = admit_session(state.admitted, spec.guards)
     if admitted:
@@ -334,6 +455,84 @@ def _finalise(
         state.outbox[generation_id] = (raw.decode(), now)
     else:
         outcome.capped.append(sample)
+
+
+def _add_turn(state: SessionState, event: GenerationEvent, outcome: Outcome) -> None:
+    """Add an agent turn to its trajectory, with the feedback that came before it."""
+    generation_id = str(event.payload.generation_id)
+    if generation_id in state.turns or generation_id in state.pending or generation_id in state.finalised:
+        outcome.duplicate = True  # the same generation under another event id: keep the first
+        return
+    assert event.payload.turn is not None
+    if not event.payload.turn.frozen:
+        try:
+            loss_mask_for(event.payload)  # checked now: at finalisation it would fail its whole trajectory
+        except MisalignedTrajectory as exc:
+            outcome.unjoined.append((event, f"agent turn not trainable, dead-lettered: {exc}"))
+            return
+    trajectory_id = str(event.payload.turn.trajectory_id)
+    state.turns[generation_id] = trajectory_id
+    if trajectory_id in state.trajectories_done:
+        outcome.late.append(event)  # its trajectory was final already: recorded, never applied
+        return
+    trajectory = state.trajectories.get(trajectory_id) or PendingTrajectory.started()
+    state.trajectories[trajectory_id] = trajectory
+    trajectory.turn_events().append(event)
+    if trajectory.last_turn_at is None or event.ts > trajectory.last_turn_at:
+        trajectory.last_turn_at = event.ts
+    if not state.orphans:
+        return
+    others: list[str] = []
+    for raw in state.orphans:
+        feedback = stored_event(raw)
+        if str(_generation_id(feedback)) == generation_id:
+            trajectory.feedback_events().append(feedback)  # its window is checked when the trajectory is scored
+        else:
+            others.append(raw)
+    state.orphans = others
+
+
+def _add_trajectory_outcome(
+    state: SessionState, event: TrajectoryOutcomeEvent, spec: RewardSpec, outcome: Outcome, now: float
+) -> None:
+    """Record a trajectory's outcome: finalise it if its turns are here, else let it wait for them."""
+    trajectory_id = str(event.payload.trajectory_id)
+    trajectory = state.trajectories.get(trajectory_id)
+    if trajectory_id in state.trajectories_done or (trajectory is not None and trajectory.has_outcome()):
+        why = "it was finalised already (by an earlier outcome or a timeout)"
+        if trajectory is not None:
+            why = "it has an outcome already; send one per trajectory"
+        outcome.unjoined.append((event, f"trajectory.outcome for trajectory {trajectory_id} changes nothing: {why}"))
+        return
+    if trajectory is None:
+        trajectory = state.trajectories[trajectory_id] = PendingTrajectory.started()
+    trajectory.set_outcome(event)
+    if trajectory.last_turn_at is not None:
+        _close_trajectory(state, trajectory_id, spec, outcome, now)
+
+
+def _close_trajectory(state: SessionState, trajectory_id: str, spec: RewardSpec, outcome: Outcome, now: float) -> None:
+    """Finalise the trajectory (by its outcome or a timeout), or dead-letter an outcome whose turns never came."""
+    trajectory = state.trajectories.pop(trajectory_id)
+    state.trajectories_done.append(trajectory_id)
+    ended = trajectory.outcome_event()
+    if trajectory.last_turn_at is None:
+        assert ended is not None
+        why = (
+            f"trajectory.outcome names trajectory {trajectory_id}, of which session {ended.session_id} never had a "
+            "turn; send every turn of a trajectory and its outcome under the same session_id"
+        )
+        outcome.unjoined.append((ended, why))
+        return
+    assert spec.agent is not None
+    assert ended is None or isinstance(ended, TrajectoryOutcomeEvent)
+    if ended is not None and ended.ts > trajectory.last_turn_at + timedelta(seconds=spec.agent.params.timeout_s):
+        ended = None  # stamped after the trajectory had timed out: it counts as none, as replay decides
+    turns = [event for event in trajectory.turn_events() if isinstance(event, GenerationEvent)]
+    credit, samples = trajectory_samples(turns, trajectory.feedback_events(), ended, spec)
+    outcome.trajectories.append(credit)
+    for sample in samples:
+        _emit(state, sample, spec, outcome, now)
 
 
 def _generation_id(event: Any) -> Any:

@@ -17,6 +17,9 @@ How the fields are used is defined in :mod:`distill.reward`; in short:
   Surfaces without an entry use the identity.
 - ``clip``: the final reward always lies in ``[clip[0], clip[1]]``.
 - ``guards``: limits of :mod:`distill.guards` (per-user and per-session caps).
+- ``agent``: how agent trajectories are credited (:class:`AgentSpec`, used by :mod:`distill.trajectory`).
+  Optional: a spec without it (every spec before agent trajectories) scores agent turns as single-turn
+  generations, as it always did, and keeps its hash (the key is left out of the hashed JSON when absent).
 """
 
 from __future__ import annotations
@@ -127,6 +130,46 @@ class Guards(SpecModel):
     max_samples_per_session: int = Field(gt=0, description="Most samples one session may add, ever.")
 
 
+class AgentWeights(SpecModel):
+    """Weights of an agent trajectory's reward components (:mod:`distill.trajectory`).
+
+    ``reward = clip(fsum(components))``, where the performance component is ``performance * r_perf`` and
+    each guard's is its weight times its metric. The shaping terms ``r_parallel`` and ``r_finish`` are not
+    among them: the learner adds them, annealed, so that the gate and promotion judge performance alone.
+    """
+
+    performance: float = Field(gt=0, description="Times the verified outcome's performance in [0, 1].")
+    invalid_tool_call: float = Field(lt=0, description="Per invalid tool call of a trainable turn; never zero.")
+    deferral: float = Field(le=0, description="Per trainable turn that asked a question instead of acting.")
+    give_up: float = Field(le=0, description="Gave up after fewer than min_searches searches.")
+    budget_overrun: float = Field(le=0, description="Per turn served over its budget and per refused tool call.")
+    serial_collapse: float = Field(le=0, description="An orchestrator that spawned nothing yet took many steps.")
+    fake_parallelism: float = Field(le=0, description="Times the share of sub-agents idle or unfinished.")
+    timed_out: float = Field(le=0, description="No outcome came in time (performance then counts as 0).")
+
+
+class AgentParams(SpecModel):
+    """Parameters of trajectory assembly and of the agent guards."""
+
+    parallel_cap: int = Field(
+        gt=0, le=256, description="r_parallel = min(spawned, cap) / cap: more sub-agents earn no more shaping."
+    )
+    min_searches: int = Field(ge=0, le=1000, description="Searches below which giving up is a hack.")
+    serial_steps: int = Field(
+        gt=0, le=10_000, description="Orchestrator turns at which one that spawned nothing has collapsed."
+    )
+    timeout_s: int = Field(
+        gt=0, le=7 * 86_400, description="A trajectory without an outcome this long after its last turn times out."
+    )
+
+
+class AgentSpec(SpecModel):
+    """How agent trajectories are credited: weights of the components and the assembly's parameters."""
+
+    weights: AgentWeights
+    params: AgentParams
+
+
 def _list_to_tuple(value: object) -> object:
     # YAML has no tuples; strict mode would reject the list it gives.
     return tuple(value) if isinstance(value, list) else value
@@ -144,6 +187,7 @@ class RewardSpec(SpecModel):
     windows_s: Windows
     surface_normalisation: dict[Identifier, SurfaceNormalisation] = Field(default_factory=dict)
     guards: Guards
+    agent: AgentSpec | None = Field(default=None, description="Agent trajectory credit; absent in older specs.")
     _spec_hash: str | None = PrivateAttr(default=None)
 
     @model_validator(mode="after")
@@ -161,6 +205,14 @@ class RewardSpec(SpecModel):
                     f"on {surface} the best reward with one invalid tool call is {with_one_invalid}, "
                     f"not below clip's upper bound {high}, so clipping would hide the penalty; lower the "
                     "positive weights, raise the bound or make invalid_tool_call more negative"
+                )
+        if self.agent is not None:
+            agent = self.agent.weights
+            if agent.performance + agent.invalid_tool_call >= high:
+                raise ValueError(
+                    f"agent: a perfect trajectory with one invalid tool call scores {agent.performance} + "
+                    f"{agent.invalid_tool_call}, not below clip's upper bound {high}, so clipping would hide the "
+                    "penalty; lower agent.weights.performance or make agent.weights.invalid_tool_call more negative"
                 )
         return self
 
@@ -188,6 +240,8 @@ class RewardSpec(SpecModel):
     def canonical_json(self) -> bytes:
         """The spec as canonical JSON: sorted keys, no whitespace, ASCII; what :attr:`spec_hash` hashes."""
         data = self.model_dump(mode="json")
+        if data["agent"] is None:
+            del data["agent"]  # specs from before agent trajectories keep their hashes (and so their sample ids)
         return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode()
 
     @property

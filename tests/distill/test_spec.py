@@ -32,7 +32,7 @@ def write(tmp_path: Path, data: object) -> Path:
 
 def test_default_spec_loads() -> None:
     spec = load_spec()
-    assert spec.version == "2026-11-1"
+    assert spec.version == "2026-12-1"
     assert spec.weights.accepted == 0.75
     assert spec.weights.invalid_tool_call < 0
     assert spec.clip == (-2.0, 2.0)

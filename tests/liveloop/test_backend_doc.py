@@ -17,6 +17,7 @@ import httpx
 import openai
 import pytest
 
+from distill.trajectory import GUARDS
 from infra.credentials import ensure_credentials
 from infra.stack import Endpoints
 from ingest.api import IngestSettings
@@ -155,5 +156,10 @@ def test_the_docs_example_joins_and_feedback_under_another_session_is_dead_lette
     assert f"names generation {stray}, which session backend-own never had" in letter.reason
     assert "X-Liveloop-Session" in letter.reason
     assert json.loads(letter.raw())["payload"]["generation_id"] == stray
-    assert distiller_status(harness) == {"state": "running", "unjoined_feedback": 1, "generations_without_feedback": 1}
+    assert distiller_status(harness) == {
+        "state": "running",
+        "unjoined_feedback": 1,
+        "generations_without_feedback": 1,
+        "agent_guards": {"trajectories": 0, **dict.fromkeys(GUARDS, 0)},
+    }
     assert harness.metric("liveloop_distill_generations_without_feedback_total") == 1

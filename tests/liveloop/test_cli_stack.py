@@ -12,6 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from distill.trajectory import GUARDS
 from infra.processes import wait_until
 from infra.settings import StackSettings
 from infra.stack import Stack
@@ -85,6 +86,7 @@ def test_up_status_down_leave_nothing_running(tmp_path: Path) -> None:
         # The distiller's /status: how many feedback events joined nothing, and generations had none.
         assert components["distiller"]["details"] == {
             "state": "running", "unjoined_feedback": 0, "generations_without_feedback": 0,
+            "agent_guards": {"trajectories": 0, **dict.fromkeys(GUARDS, 0)},
         }  # fmt: skip
         pids = [c["pid"] for c in components.values()]
         # The password never reaches the status output.
