@@ -77,8 +77,9 @@ class TrajectoryHold:
         if item is None:
             item = HeldTrajectory(trajectory_id=credit.trajectory_id, turns=credit.trajectory_turns)
             self._held[credit.trajectory_id] = item
-        if credit.turn_id not in item.arrived:
-            item.arrived.append(credit.turn_id)
+        if credit.turn_id in item.arrived:
+            return []  # a turn arrives once: another sample of it (a replay under another spec) is not another turn
+        item.arrived.append(credit.turn_id)
         if admitted:
             item.samples.append(sample)
         released: list[Sample] = []
