@@ -29,6 +29,7 @@ from learner.manifest import (
     write_manifest,
 )
 from learner.settings import LearnerSettings, PausePoint
+from learner.shaping import ShapingRecord
 from learner.state import DataDir, StateError, commit_folder
 
 log = logging.getLogger(__name__)
@@ -165,6 +166,7 @@ def build_manifest(
         held_out=held_out,
         reference_id=reference_id,
         rebased_from=rebased_from,
+        shaping=ShapingRecord.at_step(settings.shaping(), step),
     )
 
 

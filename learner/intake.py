@@ -11,17 +11,24 @@ and the first reason that applies is the one counted:
    scores candidates on.
 4. ``stale``: ``base_policy_version - policy_version > max_staleness``: its behaviour policy is too far
    behind for truncated importance weights to correct.
-5. ``no_tokens``: no prompt tokens, completion tokens or behaviour logprobs, or no 1 in its loss mask:
+5. ``frozen``: a frozen agent's turn (a sub-agent whose outputs are the orchestrator's environment). Its
+   loss mask is all zeros by contract; dropped by name so that no code path can train it by mistake.
+6. ``no_tokens``: no prompt tokens, completion tokens or behaviour logprobs, or no 1 in its loss mask:
    there is nothing to train on.
 
 Only admitted samples are remembered as seen, so the seen set is exactly what was (or will be) trained on.
 It is kept bounded (:func:`recent_seen`): a sample too old to pass the staleness check needs no remembering,
 since a re-delivery of it is dropped as ``stale`` instead.
+
+Batches are packed from *units* (:func:`training_units`): the samples of one agent trajectory (sharing
+``agent.trajectory_id``) are one unit, a single-turn sample is its own. A unit is never split across
+batches, so a trajectory's turns take one optimiser step together and share one advantage.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from uuid import UUID
 
 from distill.samples import HeldOutRule, Sample
 from learner.metrics import DROP_REASONS, SAMPLES_ACCEPTED, SAMPLES_DROPPED
@@ -64,6 +71,8 @@ class Intake:
             return "held_out"
         if self.base_policy_version - sample.policy_version > self.max_staleness:
             return "stale"
+        if sample.agent is not None and sample.agent.frozen:
+            return "frozen"
         if (
             not sample.prompt_token_ids
             or not sample.completion_token_ids
@@ -96,24 +105,47 @@ def sample_tokens(sample: Sample) -> int:
     return len(sample.prompt_token_ids or ()) + len(sample.completion_token_ids or ())
 
 
-def pack_batches(samples: Sequence[Sample], token_budget: int) -> list[list[Sample]]:
-    """Split ``samples``, in order, into batches whose :func:`sample_tokens` sum to at most ``token_budget``.
+def training_units(samples: Sequence[Sample]) -> list[list[Sample]]:
+    """Group ``samples`` into units: an agent trajectory's samples (by ``agent.trajectory_id``) together, a
+    single-turn sample alone; units in the order of their first sample, samples in their given order.
 
-    A batch is closed when the next sample would overflow it. A single sample over the budget becomes
-    a batch on its own rather than being dropped: intake already decided it is trainable, and dropping
-    it here would lose it silently (the engine may still refuse it, and then says so).
+    A trajectory's samples come from different partitions of the samples topic (keyed by sample id), so
+    they need not be adjacent in (partition, offset) order; grouping them here keeps them one unit anyway.
+    """
+    units: list[list[Sample]] = []
+    trajectories: dict[UUID, list[Sample]] = {}
+    for sample in samples:
+        if sample.agent is None:
+            units.append([sample])
+        elif (unit := trajectories.get(sample.agent.trajectory_id)) is not None:
+            unit.append(sample)
+        else:
+            trajectories[sample.agent.trajectory_id] = unit = [sample]
+            units.append(unit)
+    return units
+
+
+def pack_batches(samples: Sequence[Sample], token_budget: int) -> list[list[Sample]]:
+    """Split ``samples`` into batches of whole :func:`training_units`, in order, whose :func:`sample_tokens`
+    sum to at most ``token_budget``.
+
+    A batch is closed when the next unit would overflow it. A single unit over the budget (one long sample,
+    or a trajectory with many turns) becomes a batch on its own rather than being dropped or split: intake
+    already decided it is trainable, dropping it here would lose it silently, and splitting a trajectory
+    would give it several optimiser steps and several advantages (the engine may still refuse it, and then
+    says so).
     """
     if token_budget < 1:
         raise ValueError(f"token_budget {token_budget} must be >= 1")
     batches: list[list[Sample]] = []
     current: list[Sample] = []
     used = 0
-    for sample in samples:
-        size = sample_tokens(sample)
+    for unit in training_units(samples):
+        size = sum(sample_tokens(sample) for sample in unit)
         if current and used + size > token_budget:
             batches.append(current)
             current, used = [], 0
-        current.append(sample)
+        current.extend(unit)
         used += size
     if current:
         batches.append(current)

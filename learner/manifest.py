@@ -27,6 +27,10 @@ Decisions a reader must know:
   champion moved off its line), the champion it started again from; ``rebased_from`` then names the
   checkpoint it left. ``reference_id`` is the KL reference the cycle trained against (the champion when
   the cycle started). Schema 3 added both; older manifests read with them None.
+- ``shaping`` is the annealed schedule of agent samples' shaping terms (:mod:`learner.shaping`) and the
+  coefficients it had reached at the checkpoint's ``step``, so the gate and an auditor can see how much of
+  the training signal was shaping rather than the performance the gate judges. Schema 4 added it; older
+  manifests, and the base (which trained on nothing), read with it None.
 """
 
 from __future__ import annotations
@@ -42,12 +46,13 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationErro
 
 from distill.samples import HeldOutRule
 from learner.errors import LearnerError
+from learner.shaping import ShapingRecord
 
 MANIFEST_FILE = "liveloop-manifest.json"
 """The manifest's name inside a checkpoint folder."""
 
-MANIFEST_SCHEMA_VERSION = 3
-"""3 added ``reference_id`` and ``rebased_from``, 2 ``held_out``; 1 and 2 are still read."""
+MANIFEST_SCHEMA_VERSION = 4
+"""4 added ``shaping``, 3 ``reference_id`` and ``rebased_from``, 2 ``held_out``; 1 to 3 are still read."""
 
 BASE_POLICY_VERSION = 1
 """The base model's version: MLflow version 1 of its registered model, so the two numbers are one."""
@@ -127,6 +132,11 @@ class CheckpointManifest(BaseModel):
         default=None,
         pattern=_CHECKPOINT_ID,
         description="The checkpoint the learner left to start again from parent_id (the champion), or None.",
+    )
+    shaping: ShapingRecord | None = Field(
+        default=None,
+        description="The shaping schedule of agent samples and its coefficients at this step; None before schema 4 "
+        "and for the base.",
     )
 
     @model_validator(mode="after")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge
 
-DROP_REASONS = ("private", "duplicate", "held_out", "stale", "no_tokens")
+DROP_REASONS = ("private", "duplicate", "held_out", "stale", "frozen", "no_tokens")
 """Every reason :class:`learner.intake.Intake` drops a sample for, in the order it checks them."""
 
 # prometheus-client appends "_total" to counter names itself.
@@ -19,6 +19,16 @@ SAMPLES_ACCEPTED = Counter("liveloop_learner_samples_accepted", "Samples the lea
 
 for _reason in DROP_REASONS:
     SAMPLES_DROPPED.labels(reason=_reason)
+
+# -- agent trajectories held until complete (learner.trajectories) -------------------------------
+TRAJECTORIES_RELEASED = Counter(
+    "liveloop_learner_trajectories_released",
+    "Agent trajectories handed to training: complete (every turn arrived) or incomplete (waited too long).",
+    ("how",),
+)
+TRAJECTORIES_HELD = Gauge("liveloop_learner_trajectories_held", "Agent trajectories waiting for their other turns.")
+for _how in ("complete", "incomplete"):
+    TRAJECTORIES_RELEASED.labels(how=_how)
 
 # -- the training loop and checkpoints (learner.service) ----------------------------------------
 SAMPLES_INVALID = Counter(

@@ -29,9 +29,10 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from distill.samples import Sample
 from learner.baseline import EmaBaseline, bucket_of
 from learner.engine import StepBatch
-from learner.intake import pack_batches
+from learner.intake import pack_batches, training_units
 from learner.loss import normalise_advantages
 from learner.manifest import OffsetRange
+from learner.shaping import ShapingSchedule
 
 JOURNAL_FILE = "rounds.jsonl"
 
@@ -157,26 +158,44 @@ def round_ranges(topic: str, start: dict[int, int], last_seen: dict[int, int]) -
     ]
 
 
-def plan_round(samples: Sequence[Sample], baseline: EmaBaseline, token_budget: int) -> list[StepBatch]:
-    """The round's optimizer steps: ``samples`` (admitted, in (partition, offset) order) packed by tokens.
+def plan_round(
+    samples: Sequence[Sample],
+    baseline: EmaBaseline,
+    token_budget: int,
+    *,
+    shaping: ShapingSchedule,
+    first_step: int,
+) -> list[StepBatch]:
+    """The round's optimizer steps: ``samples`` (admitted, in (partition, offset) order) packed by tokens,
+    whole trajectories per batch (:func:`learner.intake.pack_batches`); batch ``i`` trains at optimiser step
+    ``first_step + i``.
 
-    Per batch, advantages are taken against the baseline before the batch updates it, then normalised
-    over the batch. ``baseline`` is updated in place.
+    Per batch, each unit (a trajectory, or a single-turn sample: :func:`learner.intake.training_units`) gets
+    one advantage: its reward shaped at that step (:meth:`ShapingSchedule.shaped_reward`; a trajectory's
+    samples carry the same trajectory-level figures, its first sample's are used) against the baseline before
+    the batch updates it, then normalised over the batch's units, not its turns, so a 30-turn trajectory
+    weighs in the mean and std once, as one rollout. Every sample of a unit trains with its unit's advantage.
+    The baseline is updated once per unit, in place. A frozen agent's sample (intake drops them) is left out
+    here too: it must never train, nor move the statistics of those that do.
     """
+    trainable = [sample for sample in samples if sample.agent is None or not sample.agent.frozen]
     steps: list[StepBatch] = []
-    for batch in pack_batches(samples, token_budget):
-        rewards = [sample.reward for sample in batch]
-        buckets = [bucket_of(sample) for sample in batch]
+    for index, batch in enumerate(pack_batches(trainable, token_budget)):
+        units = training_units(batch)
+        rewards = [shaping.shaped_reward(unit[0], first_step + index) for unit in units]
+        buckets = [bucket_of(unit[0]) for unit in units]
         raw = baseline.advantages(rewards, buckets)
         baseline.update(rewards, buckets)
-        advantages = normalise_advantages(torch.tensor(raw, dtype=torch.float64)).tolist()
+        normalised = normalise_advantages(torch.tensor(raw, dtype=torch.float64)).tolist()
+        ordered = [sample for unit in units for sample in unit]
+        advantages = [float(a) for unit, a in zip(units, normalised, strict=True) for _ in unit]
         steps.append(
             StepBatch(
-                prompt_ids=[list(s.prompt_token_ids or ()) for s in batch],
-                completion_ids=[list(s.completion_token_ids or ()) for s in batch],
-                behaviour_logprobs=[list(s.behaviour_logprobs or ()) for s in batch],
-                loss_mask=[list(s.loss_mask or ()) for s in batch],
-                advantages=[float(a) for a in advantages],
+                prompt_ids=[list(s.prompt_token_ids or ()) for s in ordered],
+                completion_ids=[list(s.completion_token_ids or ()) for s in ordered],
+                behaviour_logprobs=[list(s.behaviour_logprobs or ()) for s in ordered],
+                loss_mask=[list(s.loss_mask or ()) for s in ordered],
+                advantages=advantages,
             )
         )
     return steps

@@ -65,6 +65,7 @@ from learner.state import (
     write_state_file,
 )
 from learner.status import StatusBoard, StatusServer
+from learner.trajectories import TrajectoryHold
 
 log = logging.getLogger("learner")
 
@@ -264,6 +265,7 @@ class Learner:
         self.seen_versions = list(state.seen_policy_versions)
         self.seen_versions += [state.policy_version] * (len(self.seen_ids) - len(self.seen_versions))
         self.intake = Intake(state.policy_version, self.settings.max_staleness, self.seen_ids, self.held_out)
+        self.hold = TrajectoryHold(self.settings.trajectory_wait_rounds, state.held_trajectories)
         self.cycle = CycleRecord()
         # The line: the checkpoint the weights descend from (the champion after a rebase), the KL reference
         # of this cycle, and the checkpoint a rebase left (None until one happens).
@@ -307,20 +309,30 @@ class Learner:
         elif replay.round != self.round + 1:
             raise StateError(f"journal round {replay.round} cannot follow round {self.round}; the journal is damaged")
         self.round += 1
-        accepted = []
+        accepted = []  # what trains in this round: admitted samples, agent ones once their trajectory is whole
         for record in records:
             if record.sample is None:
                 SAMPLES_INVALID.inc()
-            elif self.intake.admit(record.sample) is None:
-                accepted.append(record.sample)
-        batches = plan_round(accepted, self.baseline, self.settings.token_budget)
+                continue
+            reason = self.intake.admit(record.sample)
+            if reason is None:  # seen from now on, even while its trajectory waits (the checkpoint keeps it)
+                self.seen_ids.append(record.sample.sample_id)
+                self.seen_versions.append(record.sample.policy_version)
+            if reason != "duplicate":
+                accepted += self.hold.offer(record.sample, admitted=reason is None)
+        accepted += self.hold.end_round()
+        batches = plan_round(
+            accepted,
+            self.baseline,
+            self.settings.token_budget,
+            shaping=self.settings.shaping(),
+            first_step=self.step,
+        )
         self.cycle.add_ranges(ranges)
         for sample in accepted:
             self.cycle.sample_ids.append(sample.sample_id)
-            self.cycle.rewards.append(sample.reward)
+            self.cycle.rewards.append(sample.reward)  # unshaped: what the gate judges
             self.cycle.spec_hashes.add(sample.spec_hash)
-            self.seen_ids.append(sample.sample_id)
-            self.seen_versions.append(sample.policy_version)
         for r in ranges:
             self.positions[r.partition] = r.last_offset + 1
         self._tell("round", batches, self.step)
@@ -393,6 +405,7 @@ class Learner:
             checkpoint_sample_ids=self.cycle.sample_ids,
             checkpointed_at=now,
             reference_id=next_reference,
+            held_trajectories=self.hold.state(),
         )
         temporary = self.data.temp_state(checkpoint_id)
         if temporary.exists():
@@ -534,6 +547,7 @@ class Learner:
             lag={str(p): lag for p, lag in sorted(self._lag.items())},
             unpublished=list(self.outbox.pending),
             intake=dict(self.intake.counts),
+            trajectories={**self.hold.counts, "held": len(self.hold), "held_samples": self.hold.held_samples()},
         )
 
 

@@ -14,6 +14,7 @@ from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from infra.settings import KAFKA_BOOTSTRAP_DEFAULT, KafkaBootstrap, LiveloopSettings, MlflowUrl, PostgresDsn, TopicName
+from learner.shaping import ANNEAL_STEPS_MAX, LAMBDA_MAX, ShapingSchedule
 
 PausePoint = Literal["none", "mid_round", "mid_checkpoint", "mid_rebase"]
 """Where a test can freeze the learner to SIGKILL it (see :attr:`LearnerSettings.pause_at`)."""
@@ -92,6 +93,37 @@ class LearnerSettings(LiveloopSettings):
     )
     baseline_decay: float = Field(default=0.9, ge=0, lt=1, description="Decay of the per-bucket reward EMA.")
 
+    # -- agent trajectories (learner.shaping, learner.trajectories) --------------------------------
+    # PARL's shaping terms get an orchestrator to spawn sub-agents (and have them finish) early on; annealed
+    # to 0 so that the policy ends up optimising the performance the gate judges, and nothing else.
+    lambda_parallel: float = Field(
+        default=0.2,
+        ge=0,
+        le=LAMBDA_MAX,
+        description="Start value of the coefficient of an agent sample's r_parallel (anti serial collapse), "
+        "falling linearly to 0 over lambda_anneal_steps.",
+    )
+    lambda_finish: float = Field(
+        default=0.2,
+        ge=0,
+        le=LAMBDA_MAX,
+        description="Start value of the coefficient of an agent sample's r_finish (anti fake parallelism), "
+        "falling linearly to 0 over lambda_anneal_steps.",
+    )
+    lambda_anneal_steps: int = Field(
+        default=2000,
+        ge=0,
+        le=ANNEAL_STEPS_MAX,
+        description="Optimiser steps of the lineage over which both shaping coefficients fall to 0; 0 = no shaping.",
+    )
+    trajectory_wait_rounds: int = Field(
+        default=8,
+        ge=0,
+        le=1000,
+        description="Rounds a trajectory's samples wait for its other turns before they train as they are "
+        "(counted as incomplete); 0 = never wait.",
+    )
+
     # -- the optimizer and engine ----------------------------------------------------------------
     lr: float = Field(default=1e-5, gt=0, le=1, description="AdamW learning rate.")
     weight_decay: float = Field(default=0.0, ge=0, le=1, description="AdamW weight decay.")
@@ -141,6 +173,14 @@ class LearnerSettings(LiveloopSettings):
         """Whether checkpoints are published (audit rows, MLflow, announcement) after they are written."""
         return self.dsn is not None and self.mlflow_uri is not None
 
+    def shaping(self) -> ShapingSchedule:
+        """The annealed shaping schedule of agent samples (:mod:`learner.shaping`)."""
+        return ShapingSchedule(
+            lambda_parallel=self.lambda_parallel,
+            lambda_finish=self.lambda_finish,
+            anneal_steps=self.lambda_anneal_steps,
+        )
+
     def training_config(self) -> dict[str, Any]:
         """What determines the weights a stream of samples trains into; hashed into every manifest."""
         keys = (
@@ -152,6 +192,10 @@ class LearnerSettings(LiveloopSettings):
             "clip_eps",
             "kl_coef",
             "baseline_decay",
+            "lambda_parallel",
+            "lambda_finish",
+            "lambda_anneal_steps",
+            "trajectory_wait_rounds",
             "lr",
             "weight_decay",
             "zero_stage",

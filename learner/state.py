@@ -19,6 +19,7 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 from learner.errors import LearnerError
 from learner.manifest import BASE_POLICY_VERSION, MANIFEST_FILE, CheckpointManifest, read_manifest
+from learner.trajectories import HeldTrajectory
 
 STATE_FILE = "learner-state.json"
 TEMP_PREFIX = ".tmp-"
@@ -53,6 +54,11 @@ class TrainingState(BaseModel):
         default=None,
         description="The KL reference of the next cycle (the champion when this checkpoint was written); None in "
         "older states: the checkpoint itself.",
+    )
+    held_trajectories: list[HeldTrajectory] = Field(
+        default_factory=list,
+        description="Agent trajectories admitted but not trained yet, waiting for their other turns (their offsets "
+        "lie behind the positions, so they live here); empty in older states.",
     )
 
 

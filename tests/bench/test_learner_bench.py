@@ -9,6 +9,11 @@ alternate step by step (who goes first alternates too); medians of the runs' tot
 per-step framework overhead shows, rather than being buried under matrix products; batches are packed
 to the settings' default token budget (4096 tokens per optimizer step).
 
+``learner_agent_throughput``: the same comparison in tokens/s on agent samples: orchestrator trajectories of
+3 to 8 turns (each turn a sample with tool spans masked out of its completion, trajectory-level rewards and
+shaping terms), packed whole per batch with one advantage per trajectory (:func:`plan_round`). Goal: at
+least 0.9 of the plain loop (issue #38).
+
 ``learner_checkpoint_write_<size>``: the time to write a checkpoint as the service does (DeepSpeed state
 to a temporary folder, fsync, rename; safetensors + tokenizer + manifest with every file hashed, fsync,
 rename; then publish: audit rows, MLflow run with the folder as artifacts, model version, alias,
@@ -19,6 +24,7 @@ no goal ratio. Never asserts on time.
 
 from __future__ import annotations
 
+import random
 import shutil
 import statistics
 import time
@@ -46,10 +52,12 @@ from learner.loss import LossConfig, policy_gradient_loss
 from learner.publish import publish_checkpoint, register_base
 from learner.rounds import plan_round
 from learner.settings import LearnerSettings
+from learner.shaping import ShapingSchedule
 from learner.state import DataDir, TrainingState, commit_folder, write_state_file
 from learner.tiny_model import TinyModelSpec, build_tiny_model, save_tiny_model
 from tests.bench.results import write_result
 from tests.learner.learner_harness import training_samples
+from tests.learner.sample_factory import make_agent_sample
 
 THROUGHPUT_SPEC = TinyModelSpec(hidden_size=256, layers=4, heads=4, kv_heads=4, intermediate_size=512)
 LARGE_SPEC = TinyModelSpec(hidden_size=768, layers=12, heads=12, kv_heads=12, intermediate_size=2048)
@@ -57,6 +65,7 @@ STEPS_PER_RUN = 4
 RUNS = 5
 TOKEN_BUDGET = LearnerSettings.model_fields["token_budget"].default  # the production default, 4096
 CHECKPOINT_RUNS = 3
+SHAPING = ShapingSchedule(lambda_parallel=0.2, lambda_finish=0.2, anneal_steps=2000)
 
 
 def _batches(count: int) -> list[StepBatch]:
@@ -75,7 +84,41 @@ def _batches(count: int) -> list[StepBatch]:
                 }
             )
         )
-    return plan_round(samples, EmaBaseline(), token_budget=TOKEN_BUDGET)[:count]
+    return plan_round(samples, EmaBaseline(), token_budget=TOKEN_BUDGET, shaping=SHAPING, first_step=0)[:count]
+
+
+def _agent_batches(count: int) -> list[StepBatch]:
+    """Packed batches of orchestrator trajectories (3-8 turns; prompts 40-80 tokens, completions 20-60 with
+    a masked tool span), whole trajectories per batch."""
+    rng = random.Random(11)
+    samples = []
+    number = 0
+    for trajectory in range(12 * count):
+        turns = rng.randrange(3, 9)
+        reward, r_parallel, r_finish = rng.uniform(-1, 1), rng.random(), rng.random()
+        for turn in range(turns):
+            prompt = [rng.randrange(3, 259) for _ in range(rng.randrange(40, 81))]
+            completion = [rng.randrange(3, 259) for _ in range(rng.randrange(20, 61))]
+            mask = [1] * len(completion)
+            tool = rng.randrange(0, len(completion) // 2)
+            mask[tool : tool + 8] = [0] * len(mask[tool : tool + 8])  # a tool call's output, not the policy's
+            samples.append(
+                make_agent_sample(
+                    number,
+                    trajectory,
+                    turn,
+                    turns,
+                    reward=round(reward, 3),
+                    r_parallel=round(r_parallel, 3),
+                    r_finish=round(r_finish, 3),
+                    prompt_token_ids=prompt,
+                    completion_token_ids=completion,
+                    behaviour_logprobs=[round(-5.9 + rng.uniform(-0.5, 0.5), 4) for _ in completion],
+                    loss_mask=mask,
+                )
+            )
+            number += 1
+    return plan_round(samples, EmaBaseline(), token_budget=TOKEN_BUDGET, shaping=SHAPING, first_step=0)[:count]
 
 
 def _plain_step(model: Any, optimizer: torch.optim.Optimizer, batch: StepBatch, config: LossConfig) -> None:
@@ -92,7 +135,9 @@ def _plain_step(model: Any, optimizer: torch.optim.Optimizer, batch: StepBatch, 
     optimizer.step()
 
 
-def test_learner_throughput_against_a_plain_pytorch_loop(tmp_path: Path) -> None:
+def _throughput(tmp_path: Path, batches: list[StepBatch]) -> tuple[LearnerSettings, float, float, int]:
+    """Median seconds per run of ``batches`` through the learner's engine and through the plain loop, from the
+    same initial weights, interleaved step by step; with the settings and the plain model's parameter count."""
     init_distributed(1)
     base = save_tiny_model(tmp_path / "base", THROUGHPUT_SPEC)
     settings = LearnerSettings(data_dir=tmp_path / "learner", base_model=str(base), lr=1e-5)
@@ -100,9 +145,6 @@ def test_learner_throughput_against_a_plain_pytorch_loop(tmp_path: Path) -> None
     plain = build_tiny_model(THROUGHPUT_SPEC).train()
     optimizer = torch.optim.AdamW(plain.parameters(), lr=settings.lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
     config = engine.loss_config
-    batches = _batches(STEPS_PER_RUN)
-    samples = sum(len(b) for b in batches)
-    tokens = sum(b.tokens() for b in batches)
     step = 0
 
     def learner_step(batch: StepBatch) -> None:
@@ -128,7 +170,15 @@ def test_learner_throughput_against_a_plain_pytorch_loop(tmp_path: Path) -> None
                 spent[fn] += time.perf_counter() - started
         learner_s.append(spent[learner_step])
         plain_s.append(spent[plain_step])
-    learner_median, plain_median = statistics.median(learner_s), statistics.median(plain_s)
+    parameters = sum(p.numel() for p in plain.parameters())
+    return settings, statistics.median(learner_s), statistics.median(plain_s), parameters
+
+
+def test_learner_throughput_against_a_plain_pytorch_loop(tmp_path: Path) -> None:
+    batches = _batches(STEPS_PER_RUN)
+    samples = sum(len(b) for b in batches)
+    tokens = sum(b.tokens() for b in batches)
+    settings, learner_median, plain_median, parameters = _throughput(tmp_path, batches)
     write_result(
         name="learner_throughput",
         unit="samples/s",
@@ -144,7 +194,31 @@ def test_learner_throughput_against_a_plain_pytorch_loop(tmp_path: Path) -> None
             "tokens_per_run": tokens,
             "steps_per_run": len(batches),
             "zero_stage": settings.zero_stage,
-            "parameters": sum(p.numel() for p in plain.parameters()),
+            "parameters": parameters,
+            "threads": torch.get_num_threads(),
+        },
+    )
+
+
+def test_learner_throughput_on_agent_samples(tmp_path: Path) -> None:
+    batches = _agent_batches(STEPS_PER_RUN)
+    tokens = sum(b.tokens() for b in batches)
+    settings, learner_median, plain_median, parameters = _throughput(tmp_path, batches)
+    write_result(
+        name="learner_agent_throughput",
+        unit="tokens/s",
+        value=tokens / learner_median,
+        baseline_name="plain PyTorch loop (same model, agent batches, loss, AdamW)",
+        baseline_value=tokens / plain_median,
+        goal_ratio=0.9,
+        runs=RUNS,
+        extra={
+            "samples_per_run": sum(len(b) for b in batches),
+            "tokens_per_run": tokens,
+            "policy_tokens_per_run": sum(sum(m) for b in batches for m in b.loss_mask),
+            "steps_per_run": len(batches),
+            "zero_stage": settings.zero_stage,
+            "parameters": parameters,
             "threads": torch.get_num_threads(),
         },
     )

@@ -6,7 +6,7 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
-from distill.samples import Sample, sample_id_for
+from distill.samples import AgentCredit, Sample, sample_id_for
 
 SPEC_HASH = "ab" * 32
 _NAMESPACE = uuid.UUID("6f1d0c4e-8a55-4f0e-9a57-1c0f6d1b2a30")
@@ -47,3 +47,41 @@ def make_sample(number: int, **overrides: Any) -> Sample:
     }
     fields.update(overrides)
     return Sample(**fields)
+
+
+def make_agent_sample(
+    number: int,
+    trajectory: int,
+    turn: int,
+    turns: int,
+    *,
+    reward: float = 0.0,
+    r_parallel: float = 0.0,
+    r_finish: float = 0.0,
+    frozen: bool = False,
+    agent: str = "orchestrator",
+    **overrides: Any,
+) -> Sample:
+    """The sample of turn ``turn`` of trajectory ``trajectory`` (ids derived from the numbers), one of its
+    ``turns`` trainable turns, with the trajectory-level ``reward`` and shaping terms. A frozen turn gets an
+    all-zero loss mask, as the contract requires. Other fields as :func:`make_sample`, overridable."""
+    completion = overrides.get("completion_token_ids", [20, 21])
+    if frozen:
+        overrides["loss_mask"] = [0] * len(completion)
+    credit = AgentCredit(
+        trajectory_id=uuid.uuid5(_NAMESPACE, f"trajectory-{trajectory}"),
+        turn_id=uuid.uuid5(_NAMESPACE, f"trajectory-{trajectory}-turn-{turn}"),
+        agent=agent,  # type: ignore[arg-type]
+        agent_id=f"{agent}-{trajectory}",
+        stage=0,
+        boundary="none",
+        summary_turn=False,
+        frozen=frozen,
+        trajectory_turns=turns,
+        critical_steps=turns,
+        r_perf=reward,
+        r_parallel=r_parallel,
+        r_finish=r_finish,
+    )
+    fields: dict[str, Any] = {"reward": reward, "surface": "agent", "session_id": f"session-t{trajectory}"}
+    return make_sample(number, agent=credit, **{**fields, **overrides})

@@ -13,7 +13,7 @@ from tests.learner.sample_factory import make_sample
 def _prometheus() -> dict[str, float]:
     values = {
         reason: REGISTRY.get_sample_value("liveloop_learner_samples_dropped_total", {"reason": reason}) or 0.0
-        for reason in ("private", "duplicate", "held_out", "stale", "no_tokens")
+        for reason in ("private", "duplicate", "held_out", "stale", "frozen", "no_tokens")
     }
     values["accepted"] = REGISTRY.get_sample_value("liveloop_learner_samples_accepted_total") or 0.0
     return values
@@ -40,7 +40,7 @@ def test_each_drop_reason_is_counted_exactly() -> None:
         (make_sample(12, loss_mask=[0, 1], policy_version=11), None),  # newer than the base is fine
     ]
     assert [intake.admit(sample) for sample, _ in stream] == [reason for _, reason in stream]
-    expected = {"private": 2, "duplicate": 2, "held_out": 0, "stale": 2, "no_tokens": 5, "accepted": 3}
+    expected = {"private": 2, "duplicate": 2, "held_out": 0, "stale": 2, "frozen": 0, "no_tokens": 5, "accepted": 3}
     assert intake.counts == expected
     after = _prometheus()
     assert {key: after[key] - before[key] for key in after} == {key: float(value) for key, value in expected.items()}
@@ -57,7 +57,15 @@ def test_dropped_samples_are_not_remembered_and_the_base_moves() -> None:
     intake.base_policy_version = 7  # a checkpoint was written
     assert intake.admit(make_sample(3, policy_version=5)) == "stale"
     assert intake.admit(fresh) == "duplicate"
-    assert intake.counts == {"private": 0, "duplicate": 1, "held_out": 0, "stale": 3, "no_tokens": 0, "accepted": 1}
+    assert intake.counts == {
+        "private": 0,
+        "duplicate": 1,
+        "held_out": 0,
+        "stale": 3,
+        "frozen": 0,
+        "no_tokens": 0,
+        "accepted": 1,
+    }
 
 
 def test_the_gates_held_out_split_is_never_trained_on() -> None:

@@ -10,7 +10,14 @@ from pydantic import ValidationError
 
 from distill.samples import HeldOutRule
 from learner.checkpoint import check_lineage_held_out, write_base_checkpoint
-from learner.manifest import MANIFEST_FILE, CheckpointManifest, ManifestError, read_manifest, verify_checkpoint
+from learner.manifest import (
+    MANIFEST_FILE,
+    MANIFEST_SCHEMA_VERSION,
+    CheckpointManifest,
+    ManifestError,
+    read_manifest,
+    verify_checkpoint,
+)
 from learner.state import StateError
 
 
@@ -20,7 +27,7 @@ def test_the_base_manifest_records_the_rule_and_a_schema_1_manifest_still_reads(
     monkeypatch.setenv("LIVELOOP_HELD_OUT_PERCENT", "30")
     base = write_base_checkpoint(tmp_path, "held-out-test")
     manifest = verify_checkpoint(base)
-    assert (manifest.schema_version, manifest.held_out) == (3, HeldOutRule(percent=30))
+    assert (manifest.schema_version, manifest.held_out) == (MANIFEST_SCHEMA_VERSION, HeldOutRule(percent=30))
     assert write_base_checkpoint(tmp_path / "other", "held-out-test", held_out=HeldOutRule(percent=5)) != base
     assert read_manifest(tmp_path / "other" / "checkpoints" / "held-out-test-v00001").held_out == HeldOutRule(percent=5)
 

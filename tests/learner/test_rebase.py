@@ -28,7 +28,7 @@ from learner.baseline import EmaBaseline
 from learner.checkpoint import write_base_checkpoint
 from learner.engine import LearnerEngine, init_distributed
 from learner.intake import Intake
-from learner.manifest import OffsetRange, verify_checkpoint
+from learner.manifest import MANIFEST_SCHEMA_VERSION, OffsetRange, verify_checkpoint
 from learner.publish import register_base
 from learner.rounds import plan_round
 from learner.settings import LearnerSettings
@@ -117,7 +117,12 @@ def test_a_rejected_candidate_is_left_and_the_next_descends_from_the_champion_ev
     # Promoted: the learner trained on from v2, no rebase; the reference was the champion at v2's checkpoint.
     assert (v3.parent_id, v3.rebased_from, v3.reference_id) == (ids[2], None, ids[1])
     # Rejected: v4 descends from the champion v2, against it as the reference, and names the line it left.
-    assert (v4.parent_id, v4.rebased_from, v4.reference_id, v4.schema_version) == (ids[2], ids[3], ids[2], 3)
+    assert (v4.parent_id, v4.rebased_from, v4.reference_id, v4.schema_version) == (
+        ids[2],
+        ids[3],
+        ids[2],
+        MANIFEST_SCHEMA_VERSION,
+    )
     assert v4.sample_count == 16
     assert [(r.first_offset, r.last_offset) for r in v4.consumed] == [(32, 47)]
     v5 = verify_checkpoint(data_dir / "checkpoints" / ids[5])
@@ -148,7 +153,7 @@ def test_a_rejected_candidate_is_left_and_the_next_descends_from_the_champion_ev
         records = read_ranges(endpoints.kafka_bootstrap, ranges)
         admitted = [r.sample for r in records if r.sample is not None and intake.admit(r.sample) is None]
         assert len(admitted) == 8
-        for batch in plan_round(admitted, baseline, token_budget=30):
+        for batch in plan_round(admitted, baseline, token_budget=30, shaping=fresh.settings.shaping(), first_step=step):
             fresh.train_step(batch, step)
             step += 1
     assert v4.step == step

@@ -17,7 +17,10 @@ from learner.rounds import (
     plan_round,
     round_ranges,
 )
+from learner.shaping import ShapingSchedule
 from tests.learner.sample_factory import make_sample
+
+NO_SHAPING = ShapingSchedule(lambda_parallel=0.0, lambda_finish=0.0, anneal_steps=0)
 
 
 def _round(number: int, parent: str, first: int, last: int) -> RoundEntry:
@@ -98,7 +101,7 @@ def test_plan_round_packs_by_tokens_and_takes_advantages_before_each_batch_updat
     # Each sample: 3 prompt + 2 completion tokens = 5; a budget of 10 packs them in twos.
     samples = [make_sample(n, reward=r, task_kind="edit") for n, r in enumerate([1.0, 0.0, 0.5, -1.0, 0.25])]
     baseline = EmaBaseline(decay=0.5)
-    steps = plan_round(samples, baseline, token_budget=10)
+    steps = plan_round(samples, baseline, token_budget=10, shaping=NO_SHAPING, first_step=0)
     assert [len(step) for step in steps] == [2, 2, 1]
     # Batch 1: baseline 0 (never seen) -> raw advantages [1, 0] -> normalised [1, -1] (std 0.5).
     assert steps[0].advantages == pytest.approx([1.0, -1.0], abs=1e-5)

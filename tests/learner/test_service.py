@@ -237,7 +237,8 @@ def test_two_ranks_zero2_over_gloo_run_a_full_cycle_to_a_registered_checkpoint(
     intake = Intake(base_policy_version=BASE_POLICY_VERSION, max_staleness=4)
     records = read_ranges(endpoints.kafka_bootstrap, consumed)
     admitted = [r.sample for r in records if r.sample is not None and intake.admit(r.sample) is None]
-    for step, batch in enumerate(plan_round(admitted, EmaBaseline(0.9), token_budget=30)):
+    planned = plan_round(admitted, EmaBaseline(0.9), token_budget=30, shaping=one.settings.shaping(), first_step=0)
+    for step, batch in enumerate(planned):
         one.train_step(batch, step)
     two = _weights(folder)
     single = one.module.state_dict()
