@@ -174,10 +174,16 @@ def total_variation(first: list[int], second: list[int]) -> float:
 
 def recorded_spec(conn: psycopg.Connection[Any], start: datetime, end: datetime) -> RewardSpec:
     """The spec most of the range's recorded samples were scored under, read back from ``reward_specs``."""
-    row = conn.execute(_RECORDED_HASHES, {"start": start, "end": end}).fetchone()
-    if row is None:
+    spec = recorded_spec_or_none(conn, start, end)
+    if spec is None:
         raise NoRecordedSpec(f"no samples are recorded for sessions between {start} and {end}; pass --spec")
-    return spec_by_hash(conn, str(row[0]))
+    return spec
+
+
+def recorded_spec_or_none(conn: psycopg.Connection[Any], start: datetime, end: datetime) -> RewardSpec | None:
+    """:func:`recorded_spec`, or None when the range holds no recorded samples."""
+    row = conn.execute(_RECORDED_HASHES, {"start": start, "end": end}).fetchone()
+    return None if row is None else spec_by_hash(conn, str(row[0]))
 
 
 def spec_by_hash(conn: psycopg.Connection[Any], spec_hash: str) -> RewardSpec:
@@ -216,7 +222,10 @@ def compare_range(
     params = {"start": start, "end": end, "sessions": list(session_ids or ())}
     try:
         with psycopg.connect(dsn) as conn:
-            recorded = recorded_spec(conn, start, end)
+            # With a spec given, a range with nothing recorded still replays (every sample missing in the stream).
+            recorded = (
+                recorded_spec(conn, start, end) if spec is None else (recorded_spec_or_none(conn, start, end) or spec)
+            )
             replay = spec or recorded
             low = min(recorded.clip[0], replay.clip[0])
             high = max(recorded.clip[1], replay.clip[1])
