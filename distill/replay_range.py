@@ -25,6 +25,7 @@ from uuid import UUID
 
 import psycopg
 
+from distill.errors import AuditStoreUnavailable
 from distill.replay import LISTED, ReplayFailed, replay_session, stored_sample
 from distill.samples import Sample, sample_to_json
 from distill.spec import RewardSpec, parse_spec
@@ -263,6 +264,8 @@ def compare_range(
                 while pending is not None:
                     _count_unreplayed(result, pending[1], on_difference)
                     pending = next(stored, None)
+    except psycopg.OperationalError as exc:
+        raise AuditStoreUnavailable(f"the audit store did not answer: {exc}; check that PostgreSQL runs") from exc
     except psycopg.Error as exc:
         raise ReplayFailed(f"reading the audit store failed: {exc}; check the DSN and run the migrations") from exc
     return result

@@ -16,10 +16,9 @@ from psycopg.rows import dict_row
 from rich.console import Console
 from rich.table import Table
 
-from infra.errors import ServiceUnavailable
 from learner.audit import AuditStoreError, SessionLineage, checkpoint_lineage, session_lineage
 from liveloop.exit_codes import LiveloopGroup
-from liveloop.store import audit_dsn
+from liveloop.store import audit_dsn, connect
 
 app = typer.Typer(
     help="Trace a checkpoint back to its data, or a session forward to the checkpoints it trained.",
@@ -39,15 +38,6 @@ _PROMOTIONS = """
     SELECT id, action, from_version, to_version, actor, reason, evaluation_id::text, at FROM promotions
     WHERE model_name = %(model)s AND (to_version = %(version)s OR from_version = %(version)s) ORDER BY at, id
 """
-
-
-def _connect() -> psycopg.Connection[Any]:
-    try:
-        return psycopg.connect(audit_dsn(), connect_timeout=10)
-    except psycopg.OperationalError as exc:
-        raise ServiceUnavailable(
-            f"the audit store (PostgreSQL) did not answer: {exc}; start it or check the DSN"
-        ) from exc
 
 
 def checkpoint_report(conn: psycopg.Connection[Any], version: int) -> dict[str, Any]:
@@ -82,7 +72,7 @@ def checkpoint(
 ) -> None:
     """A checkpoint's offset ranges, sample and token counts, reward components, top contributors, gate
     decisions and promotions."""
-    with _connect() as conn:
+    with connect(audit_dsn()) as conn:
         report = checkpoint_report(conn, version)
     if as_json:
         typer.echo(json.dumps(report, indent=2, sort_keys=True, default=str))
@@ -96,7 +86,7 @@ def session(
     as_json: JsonOption = False,
 ) -> None:
     """A session's archived events, its samples and which checkpoints trained on them."""
-    with _connect() as conn:
+    with connect(audit_dsn()) as conn:
         lineage = session_lineage(conn, session_id)
     report = session_report(lineage)
     if as_json:

@@ -18,14 +18,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import psycopg
-
 from distill.sample_reads import EXPORT_COLUMNS as SAMPLE_COLUMNS
 from distill.sample_reads import count_samples, sample_rows
 from distill.samples import SAMPLE_SCHEMA_VERSION
 from ingest.archive_reads import EXPORT_COLUMNS as EVENT_COLUMNS
 from ingest.archive_reads import count_events, event_rows
 from ingest.events import SCHEMA_VERSION
+from liveloop.store import connect
 
 EXPORT_VERSION = 1
 """The export's own layout version (columns, partitioning): raise it when either changes."""
@@ -86,7 +85,7 @@ def export_range(
     schemas = _schemas()
     files: list[Path] = []
     counts: dict[str, int] = {}
-    with psycopg.connect(dsn) as conn:
+    with connect(dsn) as conn:
         for table, batches in (("events", event_rows(conn, start, end)), ("samples", sample_rows(conn, start, end))):
             schema, version, time_column = schemas[table]
             metadata = {
@@ -102,7 +101,7 @@ def export_range(
 
 def count_range(dsn: str, start: datetime, end: datetime) -> int:
     """Events plus samples :func:`export_range` writes for the range (a progress bar's total)."""
-    with psycopg.connect(dsn) as conn:
+    with connect(dsn) as conn:
         return count_events(conn, start, end) + count_samples(conn, start, end)
 
 

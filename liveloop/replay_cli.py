@@ -13,7 +13,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import IO, Annotated, Any
 
-import psycopg
 import typer
 from rich.console import Console
 from rich.progress import Progress
@@ -23,10 +22,11 @@ from distill.samples import Sample, sample_to_json
 from distill.spec import load_spec
 from infra.settings import TopicsSettings
 from ingest.archive_reads import count_session_events
+from ingest.errors import BrokerUnavailable
 from liveloop.exit_codes import UsageProblem
 from liveloop.replay_report import DIFFERENCES, write_reports
 from liveloop.settings import OperatorSettings
-from liveloop.store import TIME_FORMATS, audit_dsn, time_range
+from liveloop.store import TIME_FORMATS, audit_dsn, connect, time_range
 
 console = Console()
 
@@ -61,7 +61,7 @@ def replay(
     replay_spec = load_spec(spec) if spec is not None else None
     out.mkdir(parents=True, exist_ok=True)
     dsn = audit_dsn()
-    with psycopg.connect(dsn) as conn:
+    with connect(dsn) as conn:
         total = count_session_events(conn, start, end)
     producer = _producer() if publish is not None else None
     published = 0
@@ -85,8 +85,7 @@ def replay(
             on_replayed=send if producer is not None else None,
         )
     if producer is not None:
-        producer.flush()
-        producer.close()
+        _flush(producer)
     write_reports(result, out)
     verdict = "no differences" if result.no_differences else f"{result.differing} differing"
     console.print(
@@ -102,8 +101,23 @@ def _write_line(handle: IO[str], record: dict[str, Any]) -> None:
 
 def _producer() -> Any:
     from kafka import KafkaProducer
+    from kafka.errors import KafkaError
 
     from infra.active import resolve_stack_settings
 
     bootstrap = OperatorSettings().bootstrap or resolve_stack_settings().kafka_address
-    return KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=20)
+    try:
+        return KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=20)
+    except KafkaError as exc:
+        raise BrokerUnavailable(f"Kafka at {bootstrap} did not answer: {exc}; start it or check the address") from exc
+
+
+def _flush(producer: Any) -> None:
+    from kafka.errors import KafkaError
+
+    try:
+        producer.flush(timeout=60)
+    except KafkaError as exc:
+        raise BrokerUnavailable(f"publishing the replayed samples failed: {exc}; check that Kafka runs") from exc
+    finally:
+        producer.close()

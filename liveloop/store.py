@@ -7,7 +7,11 @@ stack's PostgreSQL, found as ``liveloop status`` finds it.
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 
+import psycopg
+
+from infra.errors import ServiceUnavailable
 from liveloop.exit_codes import UsageProblem
 from liveloop.settings import OperatorSettings
 
@@ -37,3 +41,13 @@ def time_range(start: datetime, end: datetime) -> tuple[datetime, datetime]:
     if not start < end:
         raise UsageProblem(f"--from {start.isoformat()} must be before --to {end.isoformat()}")
     return start, end
+
+
+def connect(dsn: str) -> psycopg.Connection[Any]:
+    """A connection to the audit store; :class:`ServiceUnavailable` (exit 4) when PostgreSQL does not answer."""
+    try:
+        return psycopg.connect(dsn, connect_timeout=10)
+    except psycopg.OperationalError as exc:
+        raise ServiceUnavailable(
+            f"the audit store (PostgreSQL) did not answer: {exc}; start it or check the DSN"
+        ) from exc

@@ -20,7 +20,8 @@ from infra.settings import TopicSpec
 from infra.stack import Endpoints
 from infra.topics import ensure_topics
 from liveloop.cli import app
-from liveloop.exit_codes import PROBLEM, USAGE
+from liveloop.exit_codes import PROBLEM, UNAVAILABLE, USAGE
+from tests.conftest import free_port
 from tests.distill.stream_harness import DEFAULT_SPEC_PATH
 from tests.liveloop.audit_data import (
     END,
@@ -219,3 +220,20 @@ def test_export_is_read_by_pandas_with_postgres_row_counts(data: AuditData, tmp_
     empty = _cli(data, "export", "--from", "2026-11-04", "--to", "2026-11-03", "--out", str(tmp_path / "x"))
     assert empty.exit_code == USAGE
     assert "must be before" in empty.output
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["audit", "checkpoint", "1"],
+        ["audit", "session", "s"],
+        ["replay", *RANGE, "--out", "OUT"],
+        ["export", *RANGE, "--out", "OUT"],
+    ],
+)
+def test_a_store_that_does_not_answer_exits_unavailable(args: list[str], tmp_path: Path) -> None:
+    dead = f"postgresql://liveloop@127.0.0.1:{free_port()}/liveloop"
+    args = [str(tmp_path / "out") if arg == "OUT" else arg for arg in args]
+    result = CliRunner().invoke(app, args, env={"LIVELOOP_OPERATOR_DSN": dead})
+    assert result.exit_code == UNAVAILABLE, result.output
+    assert "did not answer" in result.output
