@@ -7,20 +7,22 @@ spec a sample matches only bit for bit; under another spec (a new weight, say) s
 fields differ by construction, so a generation differs when its reward, a component, or any other field
 of the sample differs.
 
-Memory stays bounded however long the range: the archived events (:func:`ingest.archive_reads.session_events`)
-and the recorded samples stream in side by side through two server-side cursors, both ordered by session id
-in byte order, and are merged one session at a time. Distributions are kept as running moments and fixed-bin
-histograms over the specs' clip ranges; the differing generations go to a caller's callback (the command
-line writes them to a file), and only the first :data:`distill.replay.LISTED` stay in the result.
+Memory stays bounded however long the range: the archived events (:func:`ingest.archive_reads.session_events`),
+the recorded samples and the feedback the stream recorded as late stream in side by side through three
+server-side cursors, all ordered by session id in byte order, and are merged one session at a time.
+Distributions are kept as running moments and fixed-bin histograms over the specs' clip ranges; the
+differing generations go to a caller's callback (the command line writes them to a file), and only the
+first :data:`distill.replay.LISTED` stay in the result.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Generic, TypeVar
 from uuid import UUID
 
 import psycopg
@@ -30,6 +32,8 @@ from distill.replay import LISTED, ReplayFailed, replay_session, stored_sample
 from distill.samples import Sample, sample_to_json
 from distill.spec import RewardSpec, parse_spec
 from ingest.archive_reads import BATCH_ROWS, PRIVATE_SESSIONS, SESSIONS_IN_RANGE, session_events
+
+T = TypeVar("T")
 
 BINS = 20
 """Bins of each reward histogram, spread evenly over the union of both specs' clip ranges."""
@@ -52,7 +56,8 @@ _STORED_OF = f"""
     ORDER BY session_id COLLATE "C", sample_id
 """
 _LATE = f"""
-    SELECT l.event_id FROM late_feedback l JOIN events e USING (event_id) WHERE e.session_id IN ({SESSIONS_IN_RANGE})
+    SELECT e.session_id, l.event_id FROM late_feedback l JOIN events e USING (event_id)
+    WHERE e.session_id IN ({SESSIONS_IN_RANGE}) ORDER BY e.session_id COLLATE "C"
 """
 # Fields that differ between two specs' samples of one generation by construction, not by re-derivation.
 _SPEC_FIELDS = frozenset({"sample_id", "spec_hash", "spec_version"})
@@ -238,32 +243,31 @@ def compare_range(
                 recorded_rewards=Moments(low, high),
                 replayed_rewards=Moments(low, high),
             )
-            late = {row[0] for row in conn.execute(_LATE, params)}
-            with conn.cursor(name="replay_stored_samples") as stored_cursor:
-                stored_cursor.itersize = batch_rows
-                stored_cursor.execute(
-                    _STORED if session_ids is None else _STORED_OF, {**params, "hash": recorded.spec_hash}
-                )
-                stored = _by_session(stored_cursor)
-                pending = next(stored, None)
+
+            def unreplayed(samples: list[Sample]) -> None:
+                _count_unreplayed(result, samples, on_difference)  # recorded for a session with no archived events
+
+            with (
+                conn.cursor(name="replay_stored_samples") as stored_cursor,
+                conn.cursor(name="replay_late_feedback") as late_cursor,
+            ):
+                stored_cursor.itersize = late_cursor.itersize = batch_rows
+                stored_query = _STORED if session_ids is None else _STORED_OF
+                stored_cursor.execute(stored_query, {**params, "hash": recorded.spec_hash})
+                late_cursor.execute(_LATE, params)
+                stored = _BySession(stored_cursor, stored_sample, unreplayed)
+                late = _BySession(late_cursor, _as_uuid)
                 for session_id, events in session_events(conn, start, end, session_ids, batch_rows=batch_rows):
-                    while pending is not None and pending[0] < session_id:
-                        _count_unreplayed(result, pending[1], on_difference)  # a session with no archived events
-                        pending = next(stored, None)
-                    mine: list[Sample] = []
-                    if pending is not None and pending[0] == session_id:
-                        mine, pending = pending[1], next(stored, None)
+                    mine = stored.take(session_id)
                     result.sessions += 1
-                    replayed = replay_session(events, late, replay, now=moment)
+                    replayed = replay_session(events, set(late.take(session_id)), replay, now=moment)
                     _compare_session(result, replayed, mine, on_difference)
                     if on_replayed is not None:
                         for sample in replayed:
                             on_replayed(sample)
                     if on_session is not None:
                         on_session(len(events))
-                while pending is not None:
-                    _count_unreplayed(result, pending[1], on_difference)
-                    pending = next(stored, None)
+                stored.finish()
     except psycopg.OperationalError as exc:
         raise AuditStoreUnavailable(f"the audit store did not answer: {exc}; check that PostgreSQL runs") from exc
     except psycopg.Error as exc:
@@ -271,17 +275,50 @@ def compare_range(
     return result
 
 
-def _by_session(cursor: Iterator[tuple[Any, ...]]) -> Iterator[tuple[str, list[Sample]]]:
-    session: str | None = None
-    samples: list[Sample] = []
-    for session_id, body in cursor:
-        if session_id != session and session is not None:
-            yield session, samples
-            samples = []
-        session = session_id
-        samples.append(stored_sample(body))
-    if session is not None:
-        yield session, samples
+class _BySession(Generic[T]):
+    """The rows ``(session_id, value)`` of a cursor ordered by session id in byte order, one session at a time.
+
+    :meth:`take` a session's values (converted); the sessions it passes over on the way, which the events
+    stream did not have, go to ``skipped``, and so do those left at the end (:meth:`finish`).
+    """
+
+    def __init__(
+        self,
+        rows: Iterable[tuple[Any, ...]],
+        convert: Callable[[Any], T],
+        skipped: Callable[[list[T]], None] | None = None,
+    ) -> None:
+        self._groups = (
+            (session_id, [convert(row[1]) for row in group])
+            for session_id, group in itertools.groupby(rows, key=lambda row: str(row[0]))
+        )
+        self._skipped = skipped
+        self._pending = next(self._groups, None)
+
+    def take(self, session_id: str) -> list[T]:
+        """The values of ``session_id`` (none if it has none); every session before it is skipped."""
+        while self._pending is not None and self._pending[0] < session_id:
+            self._skip()
+        if self._pending is not None and self._pending[0] == session_id:
+            values = self._pending[1]
+            self._pending = next(self._groups, None)
+            return values
+        return []
+
+    def finish(self) -> None:
+        """Skip every session not taken yet."""
+        while self._pending is not None:
+            self._skip()
+
+    def _skip(self) -> None:
+        assert self._pending is not None
+        if self._skipped is not None:
+            self._skipped(self._pending[1])
+        self._pending = next(self._groups, None)
+
+
+def _as_uuid(value: Any) -> UUID:
+    return value if isinstance(value, UUID) else UUID(str(value))
 
 
 def _count_unreplayed(

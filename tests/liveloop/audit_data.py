@@ -8,7 +8,8 @@ offset range of that topic, admits samples through the learner's real :class:`le
 recorded by :func:`learner.publish.record_checkpoint`, as the learner does.
 
 Twelve sessions over two days: the even ones end with an accept (reward 0.75), the odd ones with a thumbs
-up (0.5); six belong to one heavy user. A privacy-mode session's events are offered to the archiver (which
+up (0.5); six belong to one heavy user. One accept arrives after its session ended, which the stream records
+as late feedback and never applies. A privacy-mode session's events are offered to the archiver (which
 drops them), and one privacy-mode sample is stored as an older distiller might have: no output may show it.
 """
 
@@ -70,8 +71,10 @@ def session_id(index: int) -> str:
     return f"audit-session-{index:02d}"
 
 
-def _events() -> list[dict[str, Any]]:
+def _events() -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The events in arrival order, and the one the stream recorded as late (an accept after its session ended)."""
     events: list[dict[str, Any]] = []
+    late: dict[str, Any] = {}
     for i in range(SESSIONS):
         ts = (DAY_ONE if i < SESSIONS // 2 else DAY_TWO) + timedelta(minutes=i)
         user = HEAVY_USER if i % 2 == 0 else f"user-{i}"
@@ -85,11 +88,14 @@ def _events() -> list[dict[str, Any]]:
                 feedback("rating", sid, gen, ts=ts + timedelta(seconds=1), user_id=user, thumbs="up"),
                 ended(sid, ts=ts + timedelta(seconds=2), user_id=user),
             ]
+            if i == 1:
+                late = feedback("suggestion.accepted", sid, gen, ts=ts + timedelta(seconds=3), user_id=user)
+                events.append(late)
     private = [
         {**event, "privacy_mode": True}
         for event in simple_session(PRIVATE_SESSION, uuid.uuid4(), ts=DAY_ONE, user_id="p")
     ]
-    return events + private
+    return events + private, late
 
 
 def _archive(dsn: str, raw_events: list[bytes]) -> dict[str, list[Event]]:
@@ -107,12 +113,14 @@ def _archive(dsn: str, raw_events: list[bytes]) -> dict[str, list[Event]]:
     return by_session
 
 
-def _store_samples(dsn: str, spec: RewardSpec, samples: list[Sample]) -> None:
+def _store_samples(dsn: str, spec: RewardSpec, samples: list[Sample], late: Event) -> None:
     async def write() -> None:
         sink = AuditSink(dsn)
         try:
             await sink.record_spec(spec)
             await sink.write_samples(samples)
+            generation_id = late.payload.generation_id  # type: ignore[union-attr]
+            await sink.record_late([(late, sample_id_for(generation_id, spec.spec_hash))])
         finally:
             await sink.close()
 
@@ -165,11 +173,14 @@ def build(dsn: str, bootstrap: str, samples_topic: str) -> AuditData:
     """Fill the migrated-here database ``dsn`` and the (empty, one-partition) ``samples_topic``."""
     migrate(dsn)
     spec = load_spec()
-    raw = [json.dumps(event).encode() for event in _events()]
+    events, late = _events()
+    raw = [json.dumps(event).encode() for event in events]
     sessions = _archive(dsn, raw)
-    samples = [sample for events in sessions.values() for sample in replay_session(events, (), spec)]
+    late_ids = {uuid.UUID(late["event_id"])}
+    samples = [sample for events in sessions.values() for sample in replay_session(events, late_ids, spec)]
     private = samples[0].model_copy(update={"privacy_mode": True, "session_id": PRIVATE_SAMPLE_SESSION})
-    _store_samples(dsn, spec, [*samples, _private_sample(private, spec)])
+    late_event = parse_event(json.dumps(late).encode())
+    _store_samples(dsn, spec, [*samples, _private_sample(private, spec)], late_event)
     _publish(bootstrap, samples_topic, samples)
     checkpoints, trained, seen = [], {}, []
     parent = None
