@@ -176,9 +176,11 @@ def database(endpoints: Endpoints) -> Iterator[str]:
             conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
+@pytest.mark.timeout(3600)  # 200,000 events replayed three times on a busy 2-core machine take a while
 def test_replay_throughput_export_and_peak_memory(database: str) -> None:
     dsn = database
     fill_s, _ = _timed(partial(_fill, dsn, max(EVENTS, *MEMORY_SIZES)))
+    print(f"[bench] replay: {max(EVENTS, *MEMORY_SIZES):,} events archived and distilled in {fill_s:.0f} s", flush=True)
     end = _end_of(EVENTS)
     replay_s: list[float] = []
     scan_s: list[float] = []
@@ -199,6 +201,7 @@ def test_replay_throughput_export_and_peak_memory(database: str) -> None:
             seconds, counts = _timed(partial(export_range, dsn, START, end, Path(folder)))
             export_s.append(seconds)
             exported = counts.events + counts.samples
+        print(f"[bench] replay: run {run + 1}: replay {replay_s[-1]:.1f} s, scan {scan_s[-1]:.1f} s", flush=True)
     memory = [_peak(dsn, size) for size in sorted(MEMORY_SIZES)]
     replay_rate = EVENTS / statistics.median(replay_s)
     scan_rate = EVENTS / statistics.median(scan_s)
