@@ -19,7 +19,7 @@ from rich.table import Table
 from infra.active import clear_mark, mark_running, refuse_if_other_running, resolve_stack_settings
 from infra.settings import StackSettings
 from infra.stack import Stack
-from liveloop import learner_cli, serving_cli, sim_cli
+from liveloop import audit_cli, export_cli, learner_cli, replay_cli, serving_cli, sim_cli
 from liveloop.components import loop_components
 from liveloop.exit_codes import LiveloopGroup
 from liveloop.models_status import models_section, print_models
@@ -215,6 +215,10 @@ app.add_typer(sim_cli.app, name="simulate")
 app.command("promote")(serving_cli.promote)
 app.command("rollback")(serving_cli.rollback)
 app.command("reject")(serving_cli.reject)
+# Offline audit: `liveloop replay`, `liveloop audit checkpoint N | session ID`, `liveloop export`.
+app.command("replay")(replay_cli.replay)
+app.command("export")(export_cli.export)
+app.add_typer(audit_cli.app, name="audit")
 
 
 def main() -> None:
