@@ -190,6 +190,21 @@ def held_out_bucket(sample_id: str) -> int:
     return int(sample_id[:8], 16) % 100
 
 
+def held_out_key(sample_id: str, trajectory_id: UUID | str | None = None) -> str:
+    """The id the split hashes: the sample's own, or for an agent turn a digest of its trajectory's id.
+
+    A trajectory's turns share one reward, so they are all held out or none is: training on some turns and
+    scoring the gate on the others would grade a candidate on the outcome it was trained on. The trajectory id
+    is hashed (it is the product's UUID, not a digest like sample ids) so its buckets are uniform too. Rule
+    version 1 is unchanged by this: single-turn samples hash as before, and agent samples (sample schema 2)
+    did not exist under any code that split them otherwise.
+    """
+    if trajectory_id is None:
+        return sample_id
+    canonical = trajectory_id if isinstance(trajectory_id, UUID) else UUID(trajectory_id)
+    return hashlib.sha256(f"trajectory:{canonical}".encode()).hexdigest()[:32]
+
+
 def is_held_out(sample_id: str, percent: int) -> bool:
     """Whether a sample belongs to the evaluation split: ``percent`` % of ids, chosen by the id's hash.
 
@@ -213,14 +228,19 @@ class HeldOutRule(BaseModel):
     percent: HeldOutPercent
     rule_version: int = Field(default=HELD_OUT_RULE_VERSION, ge=1, description="HELD_OUT_RULE_VERSION in force.")
 
-    def holds_out(self, sample_id: str) -> bool:
-        """Whether this rule keeps ``sample_id`` out of training (for evaluation)."""
+    def holds_out(self, sample_id: str, trajectory_id: UUID | str | None = None) -> bool:
+        """Whether this rule keeps a sample out of training (for evaluation): ``sample_id``'s, or for an agent
+        turn its ``trajectory_id``'s (:func:`held_out_key`)."""
         if self.rule_version != HELD_OUT_RULE_VERSION:
             raise ValueError(
                 f"held-out rule version {self.rule_version} is not the one this code computes "
                 f"({HELD_OUT_RULE_VERSION}); run the liveloop version that wrote it"
             )
-        return is_held_out(sample_id, self.percent)
+        return is_held_out(held_out_key(sample_id, trajectory_id), self.percent)
+
+    def holds_out_sample(self, sample: Sample) -> bool:
+        """:meth:`holds_out` of a whole sample: by its trajectory when it is an agent turn."""
+        return self.holds_out(sample.sample_id, None if sample.agent is None else sample.agent.trajectory_id)
 
     def describe(self) -> str:
         """``"<percent> % (rule v<version>)"``, for reasons and logs."""

@@ -67,7 +67,7 @@ class Intake:
             return "private"
         if sample.sample_id in self._seen:
             return "duplicate"
-        if self.held_out is not None and self.held_out.holds_out(sample.sample_id):
+        if self.held_out is not None and self.held_out.holds_out_sample(sample):
             return "held_out"
         if self.base_policy_version - sample.policy_version > self.max_staleness:
             return "stale"

@@ -109,9 +109,12 @@ class Gate:
         with psycopg.connect(self.dsn) as conn:
             with conn.cursor(name="liveloop_gate_held_out") as ids:
                 ids.itersize = 10_000
-                ids.execute("SELECT sample_id FROM samples ORDER BY created_at DESC, sample_id")
-                for (sample_id,) in ids:
-                    if self.held_out.holds_out(sample_id):
+                # An agent turn is held out by its trajectory (distill.samples.held_out_key), so its id comes too.
+                ids.execute(
+                    "SELECT sample_id, body->'agent'->>'trajectory_id' FROM samples ORDER BY created_at DESC, sample_id"
+                )
+                for sample_id, trajectory_id in ids:
+                    if self.held_out.holds_out(sample_id, trajectory_id):
                         chosen.append(sample_id)
                         if len(chosen) == self.max_held_out:
                             break

@@ -171,3 +171,15 @@ def test_every_manifest_records_the_schedule_and_where_it_stood(tmp_path: Path) 
     del older["shaping"]
     older["schema_version"] = 3
     assert CheckpointManifest.model_validate(older).shaping is None
+
+
+def test_the_held_out_split_takes_or_leaves_a_trajectory_whole() -> None:
+    # A trajectory's turns share one reward: the gate must never score turns whose siblings were trained on.
+    rule = HeldOutRule(percent=30)
+    samples = [make_agent_sample(100 * t + n, t, n, 4) for t in range(60) for n in range(4)]
+    held = {t: {rule.holds_out_sample(s) for s in samples[4 * t : 4 * t + 4]} for t in range(60)}
+    assert all(len(verdicts) == 1 for verdicts in held.values())
+    share = sum(True in verdicts for verdicts in held.values()) / 60
+    assert 0.1 < share < 0.5, share  # the trajectory's digest spreads like sample ids do
+    single = make_sample(7)
+    assert rule.holds_out_sample(single) == rule.holds_out(single.sample_id)

@@ -211,7 +211,7 @@ def _drop_reason(
         return "private"
     if sample.sample_id in seen:
         return "duplicate"
-    if held_out.holds_out(sample.sample_id):
+    if held_out.holds_out_sample(sample):
         return "held_out"
     if base_policy - sample.policy_version > learner.max_staleness:
         return "stale"
