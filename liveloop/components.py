@@ -33,6 +33,7 @@ def loop_components(stack: Stack) -> list[ComponentSpec]:
     distill = DistillSettings(dsn=e.postgres_dsn)
     learner = LearnerSettings()
     serving = ServingSettings()
+    replication = stack.replication
     return [
         ComponentSpec(
             name="ingest-api",
@@ -72,6 +73,9 @@ def loop_components(stack: Stack) -> list[ComponentSpec]:
                 "LIVELOOP_DISTILL_SAMPLES_TOPIC": topics.samples.name,
                 "LIVELOOP_DISTILL_DLQ_TOPIC": topics.events_dlq.name,
                 "LIVELOOP_DISTILL_PARTITIONS": str(topics.events.partitions),
+                # Its own topics (changelogs...) replicated as the loop's, so that a broker's loss stops nothing.
+                "LIVELOOP_DISTILL_REPLICATION_FACTOR": str(replication.factor),
+                "LIVELOOP_DISTILL_MIN_INSYNC_REPLICAS": str(replication.min_insync),
                 "LIVELOOP_DISTILL_DATA_DIR": str(state / "distill"),
             },
             lag_group=distill.app_id,
