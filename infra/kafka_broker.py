@@ -285,6 +285,27 @@ def brokers_registered(bootstrap: str) -> int:
         admin.close()
 
 
+def under_replicated(bootstrap: str, topics: Sequence[str]) -> int:
+    """Partitions of ``topics`` with fewer replicas in sync than assigned; -1 when the cluster does not answer
+    (a broker that just came back is catching up: ask again)."""
+    if not _any_port_open(bootstrap.split(",")):
+        return -1
+    from kafka import KafkaAdminClient
+    from kafka.errors import KafkaError
+
+    try:
+        admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=5000, client_id="liveloop-isr")
+    except (KafkaError, OSError, ValueError):
+        return -1
+    try:
+        described = admin.describe_topics(list(topics))
+        return sum(len(p["isr_nodes"]) < len(p["replica_nodes"]) for t in described for p in t["partitions"])
+    except (KafkaError, OSError, KeyError):
+        return -1
+    finally:
+        admin.close()
+
+
 def _any_port_open(addresses: Sequence[str]) -> bool:
     for address in addresses:
         host, _, port = address.rpartition(":")

@@ -22,7 +22,7 @@ from kafka.admin import ConfigResource, ConfigResourceType
 from pydantic import ValidationError
 
 from infra.errors import ServiceStartError
-from infra.kafka_broker import KafkaBroker, KafkaCluster, cluster_id
+from infra.kafka_broker import KafkaBroker, KafkaCluster, cluster_id, under_replicated
 from infra.processes import wait_until
 from infra.producers import reliable_producer
 from infra.settings import Replication, StackSettings, TopicSpec, TopicsSettings
@@ -88,20 +88,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaCluster]:
         local.stop()
 
 
-def _in_sync(bootstrap: str, topic: str) -> int:
-    """The fewest in-sync replicas of any of ``topic``'s partitions (0 when the cluster does not answer)."""
-    try:
-        admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=5000)
-    except Exception:  # a broker just restarted: "not yet"
-        return 0
-    try:
-        return min(len(p["isr_nodes"]) for p in admin.describe_topics([topic])[0]["partitions"])
-    except Exception:
-        return 0
-    finally:
-        admin.close()
-
-
 def _kill(broker: KafkaBroker) -> None:
     pid = broker.process.pid()
     assert pid is not None, f"{broker.name} is not running"
@@ -154,7 +140,7 @@ def test_topics_have_three_replicas_and_survive_one_broker_killed_at_a_time(clus
             time.sleep(5)  # writes go on with two in sync
             broker.start()
             assert wait_until(cluster.healthy, timeout_s=120, interval_s=0.5), f"{broker.name} did not come back"
-            assert wait_until(lambda: _in_sync(bootstrap, topic) == 3, timeout_s=120, interval_s=1), (
+            assert wait_until(lambda: under_replicated(bootstrap, [topic]) == 0, timeout_s=120, interval_s=1), (
                 f"{broker.name} did not catch up"
             )
         time.sleep(2)
