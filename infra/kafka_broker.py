@@ -230,6 +230,7 @@ class KafkaCluster:
 
     @property
     def jars_dir(self) -> Path:
+        """Where the brokers' jars are (one copy, shared by all)."""
         return self.brokers[0].jars_dir
 
     @property
@@ -238,9 +239,11 @@ class KafkaCluster:
         return [broker.name for broker in self.brokers]
 
     def check_java(self) -> str:
+        """The java binary (17+) every broker runs on."""
         return self.brokers[0].check_java()
 
     def ensure_jars(self) -> Path:
+        """Resolve the jars once for every broker."""
         return self.brokers[0].ensure_jars()
 
     def start(self) -> None:
