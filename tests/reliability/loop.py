@@ -130,7 +130,8 @@ def running_loop(
                 kafka_heap_opts="-Xms256m -Xmx1g" if brokers == 1 else "-Xms128m -Xmx512m",
                 postgres_port=free_port(),
                 mlflow_port=free_port(),
-                # The learner and the gateways import torch beside three JVMs on a shared 2-core machine.
+                # Services and components start slowly beside three JVMs on a shared 2-core machine.
+                startup_timeout_s=300.0,
                 component_startup_timeout_s=600.0,
             )
         )
