@@ -90,7 +90,7 @@ def build_app(settings: DistillSettings, spec: RewardSpec | None = None) -> faus
         store="rocksdb://" if settings.store == "rocksdb" else "memory://",
         datadir=str(settings.data_dir),
         topic_partitions=settings.partitions,
-        topic_replication_factor=1,
+        topic_replication_factor=settings.replication_factor,
         table_standby_replicas=0,
         producer_acks=-1,
         # Records of one batch leave together: fewer, larger produce requests.
@@ -378,7 +378,7 @@ def internal_topics(settings: DistillSettings) -> list[TopicSpec]:
 def main() -> None:
     """Run the distiller as a worker process (``python -m distill.app``)."""
     settings = DistillSettings()  # type: ignore[call-arg]  # dsn comes from the environment
-    ensure_topics(settings.bootstrap, internal_topics(settings))
+    ensure_topics(settings.bootstrap, internal_topics(settings), replication=settings.replication)
     app = build_app(settings)
     worker = CrashExitingWorker(app, loglevel="warning")
     # Faust's terminal spinner sets the root logger to DEBUG to spin on every record: every debug call

@@ -9,7 +9,15 @@ from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
 from distill.sessions import ORPHAN_GRACE_S
-from infra.settings import KAFKA_BOOTSTRAP_DEFAULT, KafkaBootstrap, LiveloopSettings, PostgresDsn, TopicName
+from infra.settings import (
+    KAFKA_BOOTSTRAP_DEFAULT,
+    MAX_LOCAL_BROKERS,
+    KafkaBootstrap,
+    LiveloopSettings,
+    PostgresDsn,
+    Replication,
+    TopicName,
+)
 
 
 class DistillSettings(LiveloopSettings):
@@ -24,6 +32,16 @@ class DistillSettings(LiveloopSettings):
     dlq_topic: TopicName = "liveloop.events.dlq"
     app_id: str = Field(default="liveloop-distill", description="Faust app id: consumer group and table names.")
     partitions: int = Field(default=6, ge=1, description="Must equal the events topic's partition count.")
+    replication_factor: int = Field(
+        default=1,
+        ge=1,
+        le=MAX_LOCAL_BROKERS,
+        description="Replicas of the distiller's own topics (changelogs, ticks, scored): as the loop's topics "
+        "(TopicsSettings), or a broker's loss would stop the worker.",
+    )
+    min_insync_replicas: int = Field(
+        default=1, ge=1, le=MAX_LOCAL_BROKERS, description="min.insync.replicas of the distiller's own topics."
+    )
     store: Literal["rocksdb", "memory"] = Field(
         default="rocksdb", description="Table store; 'memory' rebuilds tables from their changelogs at start."
     )
@@ -64,3 +82,10 @@ class DistillSettings(LiveloopSettings):
     )
     spec_path: Path | None = Field(default=None, description="Reward spec YAML; the packaged default if unset.")
     tokenizer: str | None = Field(default=None, description="The served model's tokenizer, named in each sample.")
+
+    @property
+    def replication(self) -> Replication:
+        """The replication of the distiller's own topics (min ISR never above the replicas)."""
+        return Replication(
+            factor=self.replication_factor, min_insync=min(self.min_insync_replicas, self.replication_factor)
+        )

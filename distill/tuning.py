@@ -27,6 +27,8 @@ Six changes, all below the app's own logic (the agents, tables, changelogs and c
   hands them over as they came.
 - **Events.** Faust builds each record's event through ``app.create_event``, which looks the event
   class up in the app's settings registry (several calls) every time; here it is looked up once.
+
+Not a cost but a guarantee: the producer is idempotent with ``acks=all`` (:class:`IdempotentProducer`).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from __future__ import annotations
 import functools
 import inspect
 import types
-from collections.abc import Coroutine, Generator
+from collections.abc import Coroutine, Generator, Mapping
 from time import monotonic
 from typing import Any, ClassVar
 
@@ -51,6 +53,7 @@ from mode.utils.futures import notify
 from mode.utils.times import Seconds
 
 from distill.fetches import Fetched, Fetches
+from infra.producers import RELIABLE_OPTIONS
 
 
 def step_eagerly(coro: Coroutine[Any, Any, Any]) -> tuple[bool, Any]:
@@ -257,6 +260,14 @@ RAW = RawSchema()
 """The schema of every topic the distiller reads or writes: raw bytes both ways."""
 
 
+class IdempotentProducer(driver.Producer):
+    """Faust's producer, idempotent with ``acks=all`` always (Faust sets idempotence only inside transactions):
+    a send retried after a broker died before answering is not written twice to the samples or DLQ topic."""
+
+    def _settings_extra(self) -> Mapping[str, Any]:
+        return {**super()._settings_extra(), **RELIABLE_OPTIONS}
+
+
 def install(app: faust.App, fetch_max_wait_s: float, fetches: Fetches | None = None) -> None:
     """Tune ``app`` as the module docstring says; call it right after creating the app, before its topics
     (each topic binds ``app.create_event`` when it is created). The records of ``fetches``' topics go
@@ -264,7 +275,7 @@ def install(app: faust.App, fetch_max_wait_s: float, fetches: Fetches | None = N
     wait_ms = max(1, round(fetch_max_wait_s * 1000))
     thread = type("ConsumerThread", (_ConsumerThread,), {"fetch_max_wait_ms": wait_ms})
     consumer = type("Consumer", (_Consumer,), {"thread_class": thread, "fetches": fetches})
-    transport = type("Transport", (driver.Transport,), {"Consumer": consumer})
+    transport = type("Transport", (driver.Transport,), {"Consumer": consumer, "Producer": IdempotentProducer})
     app.transport = transport(app.conf.broker_consumer, app)
     app.monitor = QuietMonitor()
     event_class: Any = app.conf.Event

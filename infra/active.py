@@ -20,11 +20,13 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from infra.errors import InfraError
+from infra.kafka_broker import recorded_brokers
 from infra.processes import ManagedProcess
 from infra.settings import StackSettings
 
 STATE_DIR_ENV = "LIVELOOP_INFRA_STATE_DIR"
 MARKER_NAME = "active.json"
+BROKERS_ENV = "LIVELOOP_INFRA_KAFKA_BROKERS"
 
 
 class StackAlreadyRunning(InfraError):
@@ -110,11 +112,16 @@ def clear_mark(settings: StackSettings, folder: Path | None = None) -> None:
 def resolve_stack_settings(folder: Path | None = None) -> StackSettings:
     """The settings of the stack a command in ``folder`` acts on: the environment's, with the state folder
     of the folder's running stack when the environment does not name one."""
+    settings = StackSettings()
     if not explicit_state_dir():
         active = running_stack(folder)
         if active is not None:
-            return StackSettings(state_dir=active.state_dir)
-    return StackSettings()
+            settings = StackSettings(state_dir=active.state_dir)
+    recorded = recorded_brokers(settings.state_dir)
+    if BROKERS_ENV not in os.environ and recorded is not None and recorded != settings.kafka_brokers:
+        # `up --brokers 3` in another shell: `status` and `down` must see all three.
+        settings = StackSettings(state_dir=settings.state_dir, kafka_brokers=recorded)
+    return settings
 
 
 def refuse_if_other_running(settings: StackSettings, folder: Path | None = None) -> None:

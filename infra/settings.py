@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 # The field types that several stages' settings share: each declared once, with its one validation,
@@ -90,6 +90,10 @@ class LiveloopSettings(BaseSettings):
     )
 
 
+MAX_LOCAL_BROKERS = 5
+"""The most brokers a local stack runs (and the most replicas a topic's setting may ask for)."""
+
+
 class TopicSpec(BaseModel):
     """How one Kafka topic is provisioned."""
 
@@ -115,9 +119,50 @@ class TopicsSettings(LiveloopSettings):
     checkpoints: TopicSpec = TopicSpec(name="liveloop.checkpoints", partitions=1, retention_ms=-1)
     promotions: TopicSpec = TopicSpec(name="liveloop.promotions", partitions=1, retention_ms=-1)
 
+    replication_factor: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_LOCAL_BROKERS,
+        description="Replicas of every topic's partitions; unset: as many as the local stack's brokers, at most 3 "
+        "(with an external Kafka, set it to what the cluster holds, e.g. 3).",
+    )
+    min_insync_replicas: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_LOCAL_BROKERS,
+        description="Replicas that must have a write before an acks=all producer is told it succeeded; unset: 2 "
+        "with three or more replicas (one broker may fail without losing an acknowledged write), else 1.",
+    )
+
+    @model_validator(mode="after")
+    def _isr_within_replicas(self) -> TopicsSettings:
+        if self.replication_factor and self.min_insync_replicas and self.min_insync_replicas > self.replication_factor:
+            raise ValueError(
+                f"min_insync_replicas {self.min_insync_replicas} exceeds replication_factor "
+                f"{self.replication_factor}: no write could ever be acknowledged"
+            )
+        return self
+
+    def replication(self, brokers: int) -> Replication:
+        """The replication of every topic on a cluster of ``brokers`` brokers (this setting, or its default)."""
+        factor = self.replication_factor or min(brokers, 3)
+        if factor > brokers:
+            raise ValueError(f"replication_factor {factor} needs at least {factor} brokers, the cluster has {brokers}")
+        isr = self.min_insync_replicas or (2 if factor >= 3 else 1)
+        return Replication(factor=factor, min_insync=min(isr, factor))
+
     def all(self) -> list[TopicSpec]:
         """Every topic, in the order of the loop."""
         return [self.events, self.events_dlq, self.samples, self.checkpoints, self.promotions]
+
+
+class Replication(BaseModel):
+    """How many copies each partition has, and how many must hold a write before it is acknowledged."""
+
+    model_config = ConfigDict(frozen=True)
+
+    factor: int = Field(default=1, ge=1, description="Replicas of each partition.")
+    min_insync: int = Field(default=1, ge=1, description="min.insync.replicas: replicas an acks=all write needs.")
 
 
 class StackSettings(LiveloopSettings):
@@ -151,6 +196,14 @@ class StackSettings(LiveloopSettings):
     kafka_port: Port = 9092
     kafka_controller_port: Port = 9093
     kafka_heap_opts: str = Field(default="-Xms256m -Xmx1g", description="JVM heap for the broker (2-core boxes).")
+    kafka_brokers: int = Field(
+        default=1,
+        ge=1,
+        le=MAX_LOCAL_BROKERS,
+        description="Brokers of the local Kafka cluster (KRaft, each broker also a controller). Broker n (from 1) "
+        "listens on kafka_port + 2(n-1) and its controller on kafka_controller_port + 2(n-1), so the defaults "
+        "9092/9093 give 9094/9095 and 9096/9097 to brokers 2 and 3. Three give a quorum that survives one loss.",
+    )
 
     postgres_dsn: PostgresDsn | None = Field(default=None, description="External PostgreSQL; when set none is started.")
     postgres_port: Port = 5433
@@ -159,10 +212,28 @@ class StackSettings(LiveloopSettings):
     mlflow_url: MlflowUrl | None = Field(default=None, description="External MLflow server; when set none is started.")
     mlflow_port: Port = 5000
 
+    @model_validator(mode="after")
+    def _broker_ports_distinct(self) -> StackSettings:
+        ports = [port for node in range(1, self.kafka_brokers + 1) for port in self.kafka_node_ports(node)]
+        if max(ports) > 65535 or len(set(ports)) != len(ports):
+            raise ValueError(
+                f"{self.kafka_brokers} brokers from kafka_port {self.kafka_port} and kafka_controller_port "
+                f"{self.kafka_controller_port} (each + 2 per broker) need distinct ports up to 65535, got {ports}"
+            )
+        return self
+
+    def kafka_node_ports(self, node: int) -> tuple[int, int]:
+        """Broker ``node``'s (from 1) client and controller ports."""
+        step = 2 * (node - 1)
+        return self.kafka_port + step, self.kafka_controller_port + step
+
     @property
     def kafka_address(self) -> str:
-        """The bootstrap address clients use."""
-        return self.kafka_bootstrap or f"{self.host}:{self.kafka_port}"
+        """The bootstrap address clients use (every local broker, so that any one of them may be down)."""
+        if self.kafka_bootstrap:
+            return self.kafka_bootstrap
+        nodes = range(1, self.kafka_brokers + 1)
+        return ",".join(f"{self.host}:{self.kafka_node_ports(node)[0]}" for node in nodes)
 
     @property
     def mlflow_address(self) -> str:

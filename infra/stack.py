@@ -23,7 +23,7 @@ from pydantic import BaseModel, SecretStr
 
 from infra.credentials import DevCredentials, ensure_credentials, existing_credentials
 from infra.errors import ServiceStartError, ServiceUnavailable
-from infra.kafka_broker import KafkaBroker, kafka_answers
+from infra.kafka_broker import KafkaCluster, kafka_answers
 from infra.keeper import read_state
 from infra.lag import consumer_lag
 from infra.migrations import migrate
@@ -31,7 +31,7 @@ from infra.mlflow_server import MlflowServer, mlflow_answers
 from infra.postgres import LocalPostgres, find_pg_bin, postgres_answers
 from infra.probes import http_json, http_ok
 from infra.processes import ManagedProcess, wait_until
-from infra.settings import StackSettings, TopicsSettings
+from infra.settings import Replication, StackSettings, TopicsSettings
 from infra.topics import ensure_topics
 
 
@@ -88,7 +88,7 @@ class Stack:
             if create_credentials
             else existing_credentials(self.settings.credentials_path)
         )
-        self.kafka = KafkaBroker(self.settings)
+        self.kafka = KafkaCluster(self.settings)
         self.postgres = LocalPostgres(self.settings, self.credentials)
         self.endpoints = Endpoints(
             kafka_bootstrap=self.settings.kafka_address,
@@ -127,7 +127,7 @@ class Stack:
             kafka_ok = pool.submit(self._wait, "kafka", self.kafka_healthy, started, timings)
             mlflow_ok = pool.submit(self._wait, "mlflow", self.mlflow_healthy, started, timings)
             kafka_ok.result()
-            ensure_topics(self.endpoints.kafka_bootstrap, self.topics.all())
+            ensure_topics(self.endpoints.kafka_bootstrap, self.topics.all(), replication=self.replication)
             mlflow_ok.result()
         if s.mlflow_url is None:
             self.mlflow.yield_cpu()
@@ -172,7 +172,8 @@ class Stack:
     def down(self, components: Sequence[str] = ()) -> list[str]:
         """Stop every component and every service this stack started; return the names stopped."""
         stopped = []
-        names = set(components) | {p.stem for p in self.settings.run_dir.glob("*.pid")} - {"kafka", "mlflow"}
+        services = {"mlflow", *self.kafka.names}
+        names = set(components) | {p.stem for p in self.settings.run_dir.glob("*.pid")} - services
         for name in sorted(names):
             if self.component(name).stop():
                 stopped.append(name)
@@ -206,7 +207,18 @@ class Stack:
 
     # -- health ----------------------------------------------------------------------------------
 
+    @property
+    def replication(self) -> Replication:
+        """The replication of the loop's topics: the setting, or as many replicas as local brokers (at most 3).
+        An external Kafka is taken to hold as many brokers as the setting asks for."""
+        if self.settings.kafka_bootstrap is None:
+            return self.topics.replication(self.settings.kafka_brokers)
+        return self.topics.replication(self.topics.replication_factor or 1)
+
     def kafka_healthy(self) -> bool:
+        """The local cluster: every broker answers and is registered; an external one: it answers."""
+        if self.settings.kafka_bootstrap is None:
+            return self.kafka.healthy()
         return kafka_answers(self.endpoints.kafka_bootstrap)
 
     def postgres_healthy(self) -> bool:

@@ -14,16 +14,30 @@ from kafka.admin import ConfigResource, ConfigResourceType
 from kafka.errors import KafkaError, TopicAlreadyExistsError
 
 from infra.errors import ProvisioningError, ServiceUnavailable
-from infra.settings import TopicSpec
+from infra.settings import Replication, TopicSpec
 
 
-def _configs(spec: TopicSpec) -> dict[str, str]:
-    return {"retention.ms": str(spec.retention_ms), "cleanup.policy": spec.cleanup_policy}
+def _configs(spec: TopicSpec, replication: Replication) -> dict[str, str]:
+    return {
+        "retention.ms": str(spec.retention_ms),
+        "cleanup.policy": spec.cleanup_policy,
+        "min.insync.replicas": str(replication.min_insync),
+    }
 
 
-def ensure_topics(bootstrap: str, specs: Iterable[TopicSpec], timeout_ms: int = 30_000) -> dict[str, str]:
-    """Make each topic exist as its spec says; return what was done per topic (created/updated/unchanged)."""
+def ensure_topics(
+    bootstrap: str,
+    specs: Iterable[TopicSpec],
+    timeout_ms: int = 30_000,
+    replication: Replication | None = None,
+) -> dict[str, str]:
+    """Make each topic exist as its spec says, with ``replication`` (default: one replica); return what was done
+    per topic (created/grown/checked).
+
+    A topic that exists with another number of replicas is refused (ProvisioningError): changing it is a
+    partition reassignment, an operator's decision, not something to do on every ``up``."""
     specs = list(specs)
+    replication = replication or Replication()
     try:
         admin = KafkaAdminClient(
             bootstrap_servers=bootstrap, request_timeout_ms=timeout_ms, client_id="liveloop-provision"
@@ -31,18 +45,24 @@ def ensure_topics(bootstrap: str, specs: Iterable[TopicSpec], timeout_ms: int = 
     except KafkaError as exc:
         raise ServiceUnavailable(f"cannot reach Kafka at {bootstrap} to provision topics: {exc}") from exc
     try:
-        return _ensure(admin, specs, timeout_ms)
+        return _ensure(admin, specs, timeout_ms, replication)
     except KafkaError as exc:
         raise ProvisioningError(f"provisioning topics on {bootstrap} failed: {exc!r}") from exc
     finally:
         admin.close()
 
 
-def _ensure(admin: KafkaAdminClient, specs: list[TopicSpec], timeout_ms: int) -> dict[str, str]:
+def _ensure(
+    admin: KafkaAdminClient, specs: list[TopicSpec], timeout_ms: int, replication: Replication
+) -> dict[str, str]:
     existing = set(admin.list_topics())
     actions: dict[str, str] = {}
     missing = {
-        s.name: {"num_partitions": s.partitions, "replication_factor": 1, "configs": _configs(s)}
+        s.name: {
+            "num_partitions": s.partitions,
+            "replication_factor": replication.factor,
+            "configs": _configs(s, replication),
+        }
         for s in specs
         if s.name not in existing
     }
@@ -55,7 +75,16 @@ def _ensure(admin: KafkaAdminClient, specs: list[TopicSpec], timeout_ms: int) ->
     present = [s for s in specs if s.name not in missing]
     if not present:
         return actions
-    partitions = {t["name"]: len(t["partitions"]) for t in admin.describe_topics([s.name for s in present])}
+    described = admin.describe_topics([s.name for s in present])
+    partitions = {t["name"]: len(t["partitions"]) for t in described}
+    replicas = {t["name"]: {len(p["replica_nodes"]) for p in t["partitions"]} for t in described}
+    differ = [f"{name} has {sorted(counts)}" for name, counts in replicas.items() if counts != {replication.factor}]
+    if differ:
+        raise ProvisioningError(
+            f"topics exist with another number of replicas than {replication.factor}: "
+            + "; ".join(differ)
+            + ". Reassign their partitions (kafka-reassign-partitions) or set the replication factor to match."
+        )
     grow = {s.name: s.partitions for s in present if partitions[s.name] < s.partitions}
     shrink = [
         f"{s.name} has {partitions[s.name]} > {s.partitions}" for s in present if partitions[s.name] > s.partitions
@@ -66,7 +95,7 @@ def _ensure(admin: KafkaAdminClient, specs: list[TopicSpec], timeout_ms: int) ->
         )
     if grow:
         admin.create_partitions(grow, timeout_ms=timeout_ms)
-    resources = [ConfigResource(ConfigResourceType.TOPIC, s.name, configs=_configs(s)) for s in present]
+    resources = [ConfigResource(ConfigResourceType.TOPIC, s.name, configs=_configs(s, replication)) for s in present]
     admin.alter_configs(resources)
     for s in present:
         actions[s.name] = "grown" if s.name in grow else "checked"

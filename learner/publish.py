@@ -27,11 +27,11 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from kafka import KafkaProducer
 from mlflow import MlflowClient
 from mlflow.entities import RunStatus
 from mlflow.exceptions import MlflowException
 
+from infra.producers import reliable_producer
 from infra.registry import CANDIDATE, CHAMPION, AliasNotSet, Registry, RegistryError
 from learner.errors import LearnerError
 from learner.manifest import (
@@ -277,7 +277,7 @@ def _params(manifest: CheckpointManifest) -> dict[str, str]:
 
 def announce(bootstrap: str, topic: str, announcement: CheckpointAnnouncement) -> None:
     """Put ``announcement`` on the checkpoints ``topic``, keyed by checkpoint id; PublishError if it fails."""
-    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", retries=5)
+    producer = reliable_producer(bootstrap)
     try:
         producer.send(
             topic, key=announcement.checkpoint_id.encode(), value=announcement.model_dump_json().encode()

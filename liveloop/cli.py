@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from infra.active import clear_mark, mark_running, refuse_if_other_running, resolve_stack_settings
-from infra.settings import StackSettings
+from infra.settings import MAX_LOCAL_BROKERS, StackSettings
 from infra.stack import Stack
 from liveloop import audit_cli, export_cli, learner_cli, replay_cli, serving_cli, sim_cli
 from liveloop.components import loop_components
@@ -65,6 +65,17 @@ def up(
             show_default=False,
         ),
     ] = None,
+    brokers: Annotated[
+        int | None,
+        typer.Option(
+            "--brokers",
+            min=1,
+            max=MAX_LOCAL_BROKERS,
+            help="Kafka brokers to run (KRaft, replication factor min(brokers, 3), min.insync.replicas 2 from 3 "
+            "brokers); default LIVELOOP_INFRA_KAFKA_BROKERS or 1. A state folder keeps the count it was made with.",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Start the local stack (Kafka, PostgreSQL, MLflow and the loop's components) and wait until healthy.
 
@@ -73,6 +84,9 @@ def up(
 
     chosen = profile_named(profile) if profile is not None else None
     check_base_folder(base)
+    if brokers is not None:
+        # In the environment, not only in these settings: `status` and `down` of this shell read it too.
+        os.environ["LIVELOOP_INFRA_KAFKA_BROKERS"] = str(brokers)
     settings = StackSettings()
     refuse_if_other_running(settings)  # before Stack(), which mints the keys of a new stack
     stack = Stack(settings)

@@ -14,7 +14,8 @@ from infra.stack import ComponentSpec, Stack
 
 
 def loop_components(stack: Stack) -> list[ComponentSpec]:
-    """The whole loop wired to ``stack``: ingest API, archiver, distiller, learner, gate and gateway.
+    """The whole loop wired to ``stack``: ingest API, archiver, distiller, learner, gate and gateway, the ingest
+    API and the gateway in as many replicas as ``ReplicasSettings`` says (``gateway-2``... on the next ports).
 
     Settings that are not endpoints (the learner's cadence, the gateway's port...) come from the
     environment of ``liveloop up`` as each stage's ``LIVELOOP_<STAGE>_*`` variables; the endpoints
@@ -23,6 +24,7 @@ def loop_components(stack: Stack) -> list[ComponentSpec]:
     from distill.settings import DistillSettings
     from ingest.settings import IngestSettings
     from learner.settings import LearnerSettings
+    from liveloop.settings import ReplicasSettings
     from serving.settings import ServingSettings
 
     e = stack.endpoints
@@ -33,20 +35,27 @@ def loop_components(stack: Stack) -> list[ComponentSpec]:
     distill = DistillSettings(dsn=e.postgres_dsn)
     learner = LearnerSettings()
     serving = ServingSettings()
+    replication = stack.replication
+    replicas = ReplicasSettings()
     return [
-        ComponentSpec(
-            name="ingest-api",
-            argv=[python, "-m", "ingest.api"],
-            health_url=f"http://{api.host}:{api.port}/healthz",
-            env={
-                "LIVELOOP_INGEST_BOOTSTRAP": e.kafka_bootstrap,
-                "LIVELOOP_INGEST_EVENTS_TOPIC": topics.events.name,
-                "LIVELOOP_INGEST_DLQ_TOPIC": topics.events_dlq.name,
-                "LIVELOOP_INGEST_CREDENTIALS_PATH": str(api.credentials_path),
-                # Validation and redaction in a worker process beside the event loop: 7.5k -> 21k events/s on 2 cores.
-                "LIVELOOP_INGEST_CPU_WORKERS": "1",
-            },
-        ),
+        *[
+            ComponentSpec(
+                name=_replica_name("ingest-api", n),
+                argv=[python, "-m", "ingest.api"],
+                health_url=f"http://{api.host}:{api.port + n - 1}/healthz",
+                env={
+                    "LIVELOOP_INGEST_PORT": str(api.port + n - 1),
+                    "LIVELOOP_INGEST_BOOTSTRAP": e.kafka_bootstrap,
+                    "LIVELOOP_INGEST_EVENTS_TOPIC": topics.events.name,
+                    "LIVELOOP_INGEST_DLQ_TOPIC": topics.events_dlq.name,
+                    "LIVELOOP_INGEST_CREDENTIALS_PATH": str(api.credentials_path),
+                    # Validation and redaction in a worker process beside the event loop: 7.5k -> 21k events/s
+                    # on 2 cores.
+                    "LIVELOOP_INGEST_CPU_WORKERS": "1",
+                },
+            )
+            for n in range(1, replicas.ingest_api + 1)
+        ],
         ComponentSpec(
             name="archiver",
             argv=[python, "-m", "ingest.archiver"],
@@ -72,6 +81,9 @@ def loop_components(stack: Stack) -> list[ComponentSpec]:
                 "LIVELOOP_DISTILL_SAMPLES_TOPIC": topics.samples.name,
                 "LIVELOOP_DISTILL_DLQ_TOPIC": topics.events_dlq.name,
                 "LIVELOOP_DISTILL_PARTITIONS": str(topics.events.partitions),
+                # Its own topics (changelogs...) replicated as the loop's, so that a broker's loss stops nothing.
+                "LIVELOOP_DISTILL_REPLICATION_FACTOR": str(replication.factor),
+                "LIVELOOP_DISTILL_MIN_INSYNC_REPLICAS": str(replication.min_insync),
                 "LIVELOOP_DISTILL_DATA_DIR": str(state / "distill"),
             },
             lag_group=distill.app_id,
@@ -110,19 +122,29 @@ def loop_components(stack: Stack) -> list[ComponentSpec]:
             lag_group="liveloop-gate",
             lag_topics=(topics.checkpoints.name,),
         ),
-        ComponentSpec(
-            name="gateway",
-            argv=[python, "-m", "serving.gateway"],
-            health_url=f"http://{serving.host}:{serving.port}/healthz",
-            env={
-                "LIVELOOP_SERVING_BOOTSTRAP": e.kafka_bootstrap,
-                "LIVELOOP_SERVING_EVENTS_TOPIC": topics.events.name,
-                "LIVELOOP_SERVING_PROMOTIONS_TOPIC": topics.promotions.name,
-                "LIVELOOP_SERVING_CHECKPOINTS_TOPIC": topics.checkpoints.name,
-                "LIVELOOP_SERVING_MLFLOW_URL": e.mlflow_url,
-                "LIVELOOP_SERVING_CREDENTIALS_PATH": str(stack.settings.credentials_path.resolve()),
-                "LIVELOOP_SERVING_SDK_JOURNAL_DIR": str(state / "gateway-journal"),
-                "LIVELOOP_SERVING_SWAP_WORK_DIR": str(state / "gateway-swap"),
-            },
-        ),
+        *[
+            ComponentSpec(
+                name=_replica_name("gateway", n),
+                argv=[python, "-m", "serving.gateway"],
+                health_url=f"http://{serving.host}:{serving.port + n - 1}/healthz",
+                env={
+                    "LIVELOOP_SERVING_PORT": str(serving.port + n - 1),
+                    "LIVELOOP_SERVING_BOOTSTRAP": e.kafka_bootstrap,
+                    "LIVELOOP_SERVING_EVENTS_TOPIC": topics.events.name,
+                    "LIVELOOP_SERVING_PROMOTIONS_TOPIC": topics.promotions.name,
+                    "LIVELOOP_SERVING_CHECKPOINTS_TOPIC": topics.checkpoints.name,
+                    "LIVELOOP_SERVING_MLFLOW_URL": e.mlflow_url,
+                    "LIVELOOP_SERVING_CREDENTIALS_PATH": str(stack.settings.credentials_path.resolve()),
+                    # Each replica its own journal (one writer per journal) and its own downloaded checkpoints.
+                    "LIVELOOP_SERVING_SDK_JOURNAL_DIR": str(state / f"{_replica_name('gateway', n)}-journal"),
+                    "LIVELOOP_SERVING_SWAP_WORK_DIR": str(state / f"{_replica_name('gateway', n)}-swap"),
+                },
+            )
+            for n in range(1, replicas.gateway + 1)
+        ],
     ]
+
+
+def _replica_name(component: str, n: int) -> str:
+    """Replica ``n`` (from 1) of ``component``: the first keeps the component's own name (its state, its logs)."""
+    return component if n == 1 else f"{component}-{n}"

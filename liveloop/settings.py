@@ -30,3 +30,21 @@ class OperatorSettings(LiveloopSettings):
         default_factory=lambda: TopicsSettings().promotions.name,
         description="Where decisions are announced.",
     )
+
+
+class ReplicasSettings(LiveloopSettings):
+    """How many processes of the stateless components ``liveloop up`` runs. Env prefix ``LIVELOOP_REPLICAS_``.
+
+    Replica n (from 1) of a component listens on its stage's port + n - 1 (the gateway's
+    ``LIVELOOP_SERVING_PORT``, the ingest API's ``LIVELOOP_INGEST_PORT``) and runs under its own keeper,
+    which restarts it alone when it dies. Gateway replicas each follow the champion alias on their own
+    (every one reads the whole promotions topic); put a load balancer in front of the ports, as a
+    Kubernetes Service does in a cluster.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="LIVELOOP_REPLICAS_")
+
+    gateway: int = Field(
+        default=1, ge=1, le=8, description="Gateway processes (each holds the model: memory grows with each)."
+    )
+    ingest_api: int = Field(default=1, ge=1, le=8, description="Ingest API processes (stateless, one core each).")

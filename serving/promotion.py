@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg
-from kafka import KafkaProducer
 from mlflow.exceptions import MlflowException
 
+from infra.producers import reliable_producer
 from infra.registry import CANDIDATE, CHAMPION, AliasNotSet, Registry, RegistryError
 from serving.errors import ServingError
 from serving.promotions_contract import Action, PromotionEvent, SwapFailedEvent, message_to_json
@@ -319,7 +319,7 @@ class Promoter:
         try:
             with self._producer_lock:
                 if self._producer is None:
-                    self._producer = KafkaProducer(bootstrap_servers=self.bootstrap, acks="all", retries=5)
+                    self._producer = reliable_producer(self.bootstrap)
                 producer = self._producer
             producer.send(self.topic, key=self.model_name.encode(), value=value).get(timeout=30)
         except Exception as exc:

@@ -48,10 +48,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka import KafkaConsumer, TopicPartition
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from pydantic import ValidationError
 
+from infra.producers import reliable_producer
 from infra.registry import CANDIDATE, CHAMPION, AliasNotSet, RegistryError
 from learner.manifest import CheckpointAnnouncement, CheckpointManifest
 from serving.canary import CanaryRouter
@@ -441,7 +442,7 @@ class SwapController:
 
     def _send(self, event: SwapFailedEvent) -> None:
         if self._producer is None:
-            self._producer = KafkaProducer(bootstrap_servers=self.bootstrap, acks="all", retries=5)
+            self._producer = reliable_producer(self.bootstrap)
         self._producer.send(self.topic, key=self.model_name.encode(), value=message_to_json(event)).get(timeout=30)
 
 

@@ -58,6 +58,25 @@ def free_port() -> int:
     raise RuntimeError(f"no free TCP port between 10000 and {below}")
 
 
+def free_port_run(count: int) -> int:
+    """The first of ``count`` consecutive free TCP ports (as :func:`free_port` draws them), e.g. for a
+    multi-broker Kafka whose brokers' ports step from one base."""
+    for _ in range(1000):
+        base = _PORTS.randrange(10_000, _BELOW_EPHEMERAL - count)
+        run = range(base, base + count)
+        if _HANDED_OUT.intersection(run):
+            continue
+        try:
+            for port in run:
+                with socket.socket() as sock:
+                    sock.bind(("", port))
+        except OSError:
+            continue
+        _HANDED_OUT.update(run)
+        return base
+    raise RuntimeError(f"no {count} consecutive free TCP ports between 10000 and {_BELOW_EPHEMERAL}")
+
+
 def stack_settings(state_dir: Path) -> StackSettings:
     """Settings for a private stack in ``state_dir`` on free ports."""
     return StackSettings(

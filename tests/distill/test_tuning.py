@@ -133,3 +133,26 @@ async def test_a_waiting_delivery_is_abandoned_when_the_flow_is_suspended() -> N
     await asyncio.sleep(0)  # let the cancelled delivery run its handler
     assert result.results == [True]  # suspend.wait() won
     assert log == ["before", "cancelled"]
+
+
+def test_the_distillers_producer_is_idempotent_with_acks_all() -> None:
+    """Faust makes its producer idempotent only inside transactions; the tuned one always is (no broker needed:
+    the aiokafka producer is built, never started)."""
+    import faust
+
+    from distill import tuning
+
+    app = faust.App("tuning-producer-test", broker="kafka://127.0.0.1:1,127.0.0.1:2")
+    tuning.install(app, 0.05)
+
+    async def build() -> tuple[bool, list[str]]:
+        producer = app.producer._new_producer()  # type: ignore[attr-defined]
+        try:
+            # aiokafka keeps a transaction manager (producer id and sequence numbers) exactly when idempotent.
+            return producer._txn_manager is not None, producer.client._bootstrap_servers
+        finally:
+            await producer.stop()
+
+    idempotent, servers = asyncio.run(build())
+    assert idempotent
+    assert servers == ["127.0.0.1:1", "127.0.0.1:2"]

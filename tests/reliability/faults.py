@@ -23,6 +23,7 @@ from datetime import UTC, datetime
 import psycopg
 
 from infra.errors import ServiceUnavailable
+from infra.kafka_broker import under_replicated
 from infra.lag import consumer_lag
 from infra.probes import http_json, http_ok
 from infra.processes import wait_until
@@ -112,6 +113,22 @@ class FaultInjector:
         stack.kafka.stop()
         time.sleep(down_s)
         return self._service_back(fault, stack.kafka.start, stack.kafka_healthy)
+
+    def kill_broker(self, node: int, topics: list[str], down_s: float = 5.0) -> Fault:
+        """SIGKILL broker ``node`` (from 1) of the local cluster, keep it down ``down_s``, start it again; time until
+        it is registered, every partition of ``topics`` has all its replicas in sync again, and events flow."""
+        stack = self.loop.stack
+        broker = stack.kafka.brokers[node - 1]
+        pid = broker.process.pid()
+        if pid is None:
+            raise AssertionError(f"broker {node} has no running process to kill")
+        fault = Fault(target=broker.name, kind="SIGKILL", at_s=self._now())
+        os.kill(pid, signal.SIGKILL)
+        time.sleep(down_s)
+        bootstrap = stack.endpoints.kafka_bootstrap
+        return self._service_back(
+            fault, broker.start, lambda: stack.kafka_healthy() and under_replicated(bootstrap, topics) == 0
+        )
 
     def restart_postgres(self, down_s: float = 5.0) -> Fault:
         """Stop PostgreSQL (fast shutdown: open transactions roll back), start it again; time until events flow."""

@@ -18,11 +18,13 @@ from pathlib import Path
 
 import psutil
 
+from infra.lag import consumer_lag
 from infra.settings import StackSettings
 from infra.stack import ComponentSpec, Stack
 from liveloop.components import loop_components
 from liveloop.demo.run import DEMO_ENVIRONMENT, make_base_model
-from tests.conftest import free_port
+from liveloop.demo.simulator.settings import SimulatorSettings
+from tests.conftest import free_port, free_port_run
 
 # Every checkpoint that loads, evaluates and keeps its KL in bounds is promoted (see the module docstring).
 PERMISSIVE_GATE = {
@@ -59,7 +61,7 @@ class Loop:
     def processes(self) -> dict[str, list[psutil.Process]]:
         """name -> the processes that make it up now (keeper, component and its children; or the service)."""
         found: dict[str, list[psutil.Process]] = {}
-        names = [*self.component_names(), "kafka", "mlflow"]
+        names = [*self.component_names(), *self.stack.kafka.names, "mlflow"]
         for name in names:
             pid = self.stack.component(name).pid()
             if pid is None:
@@ -98,17 +100,14 @@ def _environment(values: Mapping[str, str]) -> Iterator[None]:
 
 
 @contextmanager
-def running_loop(state_dir: Path, extra_env: Mapping[str, str] | None = None, seed: int = 7) -> Iterator[Loop]:
-    """Start a whole loop in ``state_dir``; purge everything (processes, cluster, files) on the way out."""
-    ports = {
-        name: str(free_port())
-        for name in (
-            "LIVELOOP_INGEST_PORT",
-            "LIVELOOP_DISTILL_WEB_PORT",
-            "LIVELOOP_LEARNER_STATUS_PORT",
-            "LIVELOOP_SERVING_PORT",
-        )
-    }
+def running_loop(
+    state_dir: Path, extra_env: Mapping[str, str] | None = None, seed: int = 7, brokers: int = 1
+) -> Iterator[Loop]:
+    """Start a whole loop in ``state_dir`` on ``brokers`` Kafka brokers (three: replication factor 3, two in
+    sync); purge everything (processes, cluster, files) on the way out."""
+    ports = {name: str(free_port()) for name in ("LIVELOOP_DISTILL_WEB_PORT", "LIVELOOP_LEARNER_STATUS_PORT")}
+    # Replica n of the ingest API and of the gateway listens on the port + n - 1 (LIVELOOP_REPLICAS_*).
+    ports |= {name: str(free_port_run(4)) for name in ("LIVELOOP_INGEST_PORT", "LIVELOOP_SERVING_PORT")}
     state_dir.mkdir(parents=True, exist_ok=True)
     policy = state_dir / "gate-policy.json"
     policy.write_text(json.dumps(PERMISSIVE_GATE), encoding="utf-8")
@@ -120,13 +119,20 @@ def running_loop(state_dir: Path, extra_env: Mapping[str, str] | None = None, se
         **(extra_env or {}),
     }
     with _environment(env):
+        kafka_base = free_port_run(2 * brokers)  # broker n: base + 2(n-1), its controller the port after
         stack = Stack(
             StackSettings(
                 state_dir=state_dir,
-                kafka_port=free_port(),
-                kafka_controller_port=free_port(),
+                kafka_brokers=brokers,
+                kafka_port=kafka_base,
+                kafka_controller_port=kafka_base + 1,
+                # Several JVMs beside the whole loop on a small machine: each broker gets less heap.
+                kafka_heap_opts="-Xms256m -Xmx1g" if brokers == 1 else "-Xms128m -Xmx512m",
                 postgres_port=free_port(),
                 mlflow_port=free_port(),
+                # Services and components start slowly beside three JVMs on a shared 2-core machine.
+                startup_timeout_s=300.0,
+                component_startup_timeout_s=600.0,
             )
         )
         try:
@@ -144,3 +150,38 @@ def running_loop(state_dir: Path, extra_env: Mapping[str, str] | None = None, se
                 )
         finally:
             stack.purge([spec.name for spec in loop_components(stack)])
+
+
+def simulator_settings(loop: Loop, state: Path, seed: int) -> SimulatorSettings:
+    """The simulator's settings for traffic against ``loop`` (stopped by the test, not by its minutes)."""
+    return SimulatorSettings(
+        gateway_url=loop.gateway_url,
+        credentials_path=loop.stack.settings.credentials_path,
+        ingest_url=loop.ingest_url,
+        bootstrap=loop.stack.endpoints.kafka_bootstrap,
+        events_topic=loop.stack.topics.events.name,
+        sdk_journal_dir=state / "simulator-journal",
+        profile="semicolons",
+        seed=seed,
+        minutes=120,  # stopped by the test once the faults are over and the loop has promoted again
+        session_rate=0.7,
+        concurrency=8,
+        drain_s=30,
+        request_timeout_s=20,
+        secret_share=0.1,
+        privacy_share=0.1,
+    )
+
+
+def drained_consumers(loop: Loop) -> bool:
+    """Whether the archiver and the distiller have consumed everything (a broker still settling: not yet)."""
+    bootstrap = loop.stack.endpoints.kafka_bootstrap
+    for name in ("archiver", "distiller"):
+        spec = loop.spec(name)
+        assert spec.lag_group is not None
+        try:
+            if consumer_lag(bootstrap, spec.lag_group, spec.lag_topics) > 0:
+                return False
+        except Exception:  # a broker still settling is "not yet"
+            return False
+    return True

@@ -35,6 +35,12 @@ class ReliabilityProfile(BaseSettings):
     fault_minutes: float = Field(
         default=0, ge=0, description="Minutes of simulated traffic while faults are injected; 0: 12 full, 6 in CI."
     )
+    broker_fault_minutes: float = Field(
+        default=0,
+        ge=0,
+        description="Minutes of simulated traffic on the three-broker loop while brokers are killed; 0: 8 full, "
+        "4 in CI.",
+    )
 
     @model_validator(mode="after")
     def _fill_sizes(self) -> ReliabilityProfile:
@@ -46,6 +52,8 @@ class ReliabilityProfile(BaseSettings):
             self.load_rate = 500.0
         if not self.fault_minutes:
             self.fault_minutes = 12.0 if self.full else 6.0
+        if not self.broker_fault_minutes:
+            self.broker_fault_minutes = 8.0 if self.full else 4.0
         return self
 
     @property

@@ -21,42 +21,20 @@ import psutil
 import psycopg
 import pytest
 
-from infra.lag import consumer_lag
 from infra.processes import wait_until
 from ingest.client import Client
 from ingest.settings import SdkSettings
 from learner.settings import LearnerSettings
 from liveloop.demo.leak_scan import scan_for_leaks
 from liveloop.demo.simulator.runner import Simulation
-from liveloop.demo.simulator.settings import SimulatorSettings
 from tests.reliability import accounting
 from tests.reliability.faults import FaultInjector, learner_activity
-from tests.reliability.loop import Loop, running_loop
+from tests.reliability.loop import Loop, drained_consumers, running_loop, simulator_settings
 from tests.reliability.profile import ReliabilityProfile
 from tests.reliability.report import markdown_table, write_section
 from tests.reliability.traffic import HttpSessions, RecordingGateway, RecordingSink
 
 LOOPBACK = {"127.0.0.1", "::1", "::ffff:127.0.0.1"}
-
-
-def _simulator(loop: Loop, state: Path, seed: int) -> SimulatorSettings:
-    return SimulatorSettings(
-        gateway_url=loop.gateway_url,
-        credentials_path=loop.stack.settings.credentials_path,
-        ingest_url=loop.ingest_url,
-        bootstrap=loop.stack.endpoints.kafka_bootstrap,
-        events_topic=loop.stack.topics.events.name,
-        sdk_journal_dir=state / "simulator-journal",
-        profile="semicolons",
-        seed=seed,
-        minutes=120,  # stopped by the test once the faults are over and the loop has promoted again
-        session_rate=0.7,
-        concurrency=8,
-        drain_s=30,
-        request_timeout_s=20,
-        secret_share=0.1,
-        privacy_share=0.1,
-    )
 
 
 def _listening_outside_loopback(loop: Loop) -> list[str]:
@@ -88,19 +66,6 @@ def _component_exits(loop: Loop, per_component: int = 6) -> dict[str, list[str]]
     return exits
 
 
-def _drained(loop: Loop) -> bool:
-    bootstrap = loop.stack.endpoints.kafka_bootstrap
-    for name in ("archiver", "distiller"):
-        spec = loop.spec(name)
-        assert spec.lag_group is not None
-        try:
-            if consumer_lag(bootstrap, spec.lag_group, spec.lag_topics) > 0:
-                return False
-        except Exception:  # a broker still settling is "not yet"
-            return False
-    return True
-
-
 @pytest.mark.timeout(3600)
 def test_faults_under_load_lose_nothing(tmp_path: Path, reliability: ReliabilityProfile) -> None:
     seed = random.SystemRandom().randrange(10_000)
@@ -110,7 +75,7 @@ def test_faults_under_load_lose_nothing(tmp_path: Path, reliability: Reliability
         stack = loop.stack
         dsn = stack.endpoints.dsn()
         ingest_key = stack.credentials.ingest_keys["default"].get_secret_value()
-        settings = _simulator(loop, tmp_path, seed)
+        settings = simulator_settings(loop, tmp_path, seed)
         client = Client(
             SdkSettings(
                 bootstrap=settings.bootstrap,
@@ -165,7 +130,7 @@ def test_faults_under_load_lose_nothing(tmp_path: Path, reliability: Reliability
             summary = simulation.finish()
             delivered = client.close(timeout=120)
         traffic_total_s = time.monotonic() - started
-        drained = wait_until(lambda: _drained(loop), timeout_s=300, interval_s=2)
+        drained = wait_until(lambda: drained_consumers(loop), timeout_s=300, interval_s=2)
         # Sessions end with their last event; give the distiller its flush and the archiver its batch.
         wait_until(lambda: accounting.one_sample_per_generation(dsn).ok, timeout_s=120, interval_s=3)
 
