@@ -8,13 +8,15 @@ directory they were started from.
 
 from __future__ import annotations
 
+import json
 import sys
 
 from infra.stack import ComponentSpec, Stack
 
 
 def loop_components(stack: Stack) -> list[ComponentSpec]:
-    """The whole loop wired to ``stack``: ingest API, archiver, distiller, learner, gate and gateway.
+    """The whole loop wired to ``stack``: ingest API, archiver, distiller, learner, gate, gateway and the
+    ops dashboard (which watches the others).
 
     Settings that are not endpoints (the learner's cadence, the gateway's port...) come from the
     environment of ``liveloop up`` as each stage's ``LIVELOOP_<STAGE>_*`` variables; the endpoints
@@ -33,7 +35,7 @@ def loop_components(stack: Stack) -> list[ComponentSpec]:
     distill = DistillSettings(dsn=e.postgres_dsn)
     learner = LearnerSettings()
     serving = ServingSettings()
-    return [
+    stages = [
         ComponentSpec(
             name="ingest-api",
             argv=[python, "-m", "ingest.api"],
@@ -126,3 +128,36 @@ def loop_components(stack: Stack) -> list[ComponentSpec]:
             },
         ),
     ]
+    return [*stages, _dashboard(stack, stages)]
+
+
+def _dashboard(stack: Stack, stages: list[ComponentSpec]) -> ComponentSpec:
+    """The ops dashboard, told where each stage answers so that its overview shows them as ``status`` does."""
+    from liveloop.dashboard.settings import DashboardSettings
+
+    e = stack.endpoints
+    dashboard = DashboardSettings()
+    probes = [
+        {
+            "name": spec.name,
+            "health_url": spec.health_url,
+            "status_url": spec.status_url,
+            "lag_group": spec.lag_group,
+            "lag_topics": list(spec.lag_topics),
+            "keeper_state": str(stack.keeper_state_path(spec.name).resolve()) if spec.restart else None,
+        }
+        for spec in stages
+    ]
+    return ComponentSpec(
+        name="dashboard",
+        argv=[sys.executable, "-m", "liveloop.dashboard"],
+        health_url=f"http://{dashboard.host}:{dashboard.port}/healthz",
+        env={
+            "LIVELOOP_DASHBOARD_DSN": e.dsn(),
+            "LIVELOOP_DASHBOARD_MLFLOW_URL": e.mlflow_url,
+            "LIVELOOP_DASHBOARD_BOOTSTRAP": e.kafka_bootstrap,
+            "LIVELOOP_DASHBOARD_PROMOTIONS_TOPIC": stack.topics.promotions.name,
+            "LIVELOOP_DASHBOARD_CREDENTIALS_PATH": str(stack.settings.credentials_path.resolve()),
+            "LIVELOOP_DASHBOARD_COMPONENTS": json.dumps(probes),
+        },
+    )

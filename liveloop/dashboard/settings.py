@@ -73,3 +73,12 @@ class DashboardSettings(LiveloopSettings):
     components: list[ComponentProbe] = Field(
         default_factory=list, max_length=32, description="The loop's components for the overview (JSON list)."
     )
+
+
+def sign_in_hint(credentials_path: Path) -> str:
+    """One line for ``up`` and ``demo --keep-running``: where the dashboard answers and which key signs in."""
+    settings = DashboardSettings()
+    return (
+        f"ops dashboard: http://{settings.host}:{settings.port}/ ; sign in with operator_key (to act) or "
+        f"viewer_key (to look) from {credentials_path}"
+    )

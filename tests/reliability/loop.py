@@ -107,6 +107,7 @@ def running_loop(state_dir: Path, extra_env: Mapping[str, str] | None = None, se
             "LIVELOOP_DISTILL_WEB_PORT",
             "LIVELOOP_LEARNER_STATUS_PORT",
             "LIVELOOP_SERVING_PORT",
+            "LIVELOOP_DASHBOARD_PORT",
         )
     }
     state_dir.mkdir(parents=True, exist_ok=True)
