@@ -77,8 +77,9 @@ def by_version(conn: psycopg.Connection[dict[str, Any]], versions: list[int]) ->
     if not versions:
         return []
     rows = conn.execute(
-        "SELECT policy_version AS version, count(*) AS samples, avg(reward) AS reward, "
-        "avg(CASE WHEN components ? 'accepted' THEN 1.0 ELSE 0.0 END) AS acceptance, "
+        "SELECT policy_version AS version, count(*) AS samples, avg(reward)::float AS reward, "
+        # ::float: avg of a numeric is a Decimal, which JSON (the overview's polling) would carry as a string
+        "avg(CASE WHEN components ? 'accepted' THEN 1.0 ELSE 0.0 END)::float AS acceptance, "
         "min(created_at) AS first_at, max(created_at) AS last_at "
         "FROM samples WHERE policy_version = ANY(%s) GROUP BY policy_version ORDER BY policy_version",
         (versions,),

@@ -31,6 +31,10 @@ def chromium(width: int = 1280, height: int = 900) -> Iterator[WebDriver]:
     for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", f"--window-size={width},{height}"):
         options.add_argument(argument)
     driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
+    if width < 500:
+        # Headless Chromium keeps its window at least 500 px wide; a phone's width needs emulating.
+        metrics = {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": True}
+        driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", metrics)
     try:
         yield driver
     finally:

@@ -96,6 +96,8 @@ def test_viewer_reads_the_gate_reasons_but_cannot_act(loop: Served, stack: Stack
         overview = client.get("/overview.json").json()
         assert overview["models"]["champion"]["version"] == 1
         assert overview["models"]["candidate"]["version"] == 3
+        # Numbers, not strings: the page's script formats them (a Decimal would travel as a string).
+        assert overview["trend"] == [{"version": 1, "reward": pytest.approx(-0.25), "acceptance": 0.5}]
         assert client.get("/actions/promote?version=3").status_code == 403
         token = csrf_of(client.get("/history").text)
         refused = client.post(

@@ -29,7 +29,7 @@
     }));
     var trend = document.getElementById("trend");
     trend.replaceChildren.apply(trend, (doc.trend || []).map(function (r) {
-      return row(["v" + r.version, r.reward.toFixed(3), r.acceptance.toFixed(2)]);
+      return row(["v" + r.version, Number(r.reward).toFixed(3), Number(r.acceptance).toFixed(2)]);
     }));
     text("down", doc.down && doc.down.length ? "Down: " + doc.down.join(", ") : "No component down.");
     var errors = document.getElementById("errors");
@@ -41,7 +41,7 @@
     fetch("/overview.json", { credentials: "same-origin" })
       .then(function (r) { if (r.status === 401) { window.location = "/signin?next=/"; } return r.json(); })
       .then(render)
-      .catch(function () { text("updated", "unreachable, retrying"); })
+      .catch(function (e) { text("updated", "failed (" + e + "), retrying"); })
       .finally(function () { window.setTimeout(poll, 2000); });
   }
   window.setTimeout(poll, 2000);
