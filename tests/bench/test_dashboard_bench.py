@@ -73,11 +73,11 @@ def test_dashboard_pages(
         register(endpoints.mlflow_url, folder, name)
     topic = make_topic()
     seed_checkpoints(fresh_database, name, list(range(1, CHECKPOINTS + 1)), samples_per_version=20)
-    _history(fresh_database, name)
     registry = Registry(endpoints.mlflow_url)
     Promoter(
         registry=registry, dsn=fresh_database, bootstrap=endpoints.kafka_bootstrap, topic=topic, model_name=name
     ).promote(2, actor="bench", reason="champion")
+    _history(fresh_database, name)  # after the promotion: its made-up rejections would refuse it
     registry.set_alias(name, CANDIDATE, 3)
     operator = load_credentials(stack.settings.credentials_path).operator_key.get_secret_value()
 
