@@ -1,8 +1,8 @@
 """The dev credential file, ``<state_dir>/credentials.json`` (mode 0600), made on the first ``up``.
 
 It holds the API keys the stages check (ingest keys per tenant, the gateway key, the operator key,
-the dashboard's read-only viewer key) and the password of the local PostgreSQL superuser. Every secret is a ``SecretStr`` so that it never
-shows in a repr, a log line or a traceback.
+the dashboard's read-only viewer key) and the password of the local PostgreSQL superuser. Every
+secret is a ``SecretStr`` so that it never shows in a repr, a log line or a traceback.
 """
 
 from __future__ import annotations
