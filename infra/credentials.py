@@ -1,8 +1,8 @@
 """The dev credential file, ``<state_dir>/credentials.json`` (mode 0600), made on the first ``up``.
 
-It holds the API keys the stages check (ingest keys per tenant, the gateway key, the operator key)
-and the password of the local PostgreSQL superuser. Every secret is a ``SecretStr`` so that it never
-shows in a repr, a log line or a traceback.
+It holds the API keys the stages check (ingest keys per tenant, the gateway key, the operator key,
+the dashboard's read-only viewer key) and the password of the local PostgreSQL superuser. Every
+secret is a ``SecretStr`` so that it never shows in a repr, a log line or a traceback.
 """
 
 from __future__ import annotations
@@ -33,6 +33,11 @@ class DevCredentials(BaseModel):
     ingest_keys: dict[str, SecretStr] = Field(description="Tenant -> ingest API key.")
     gateway_key: SecretStr
     operator_key: SecretStr
+    viewer_key: SecretStr | None = Field(
+        default=None,
+        description="Read-only key of the ops dashboard (None in a file written before it existed: "
+        "only the operator key signs in there).",
+    )
     postgres_user: str = "liveloop"
     postgres_password: SecretStr
 
@@ -43,6 +48,7 @@ class DevCredentials(BaseModel):
             ingest_keys={DEFAULT_TENANT: _new_key("llik")},
             gateway_key=_new_key("llgk"),
             operator_key=_new_key("llok"),
+            viewer_key=_new_key("llvk"),
             postgres_password=SecretStr(secrets.token_urlsafe(24)),
         )
 
@@ -53,6 +59,7 @@ class DevCredentials(BaseModel):
             "gateway_key": self.gateway_key.get_secret_value(),
             "operator_key": self.operator_key.get_secret_value(),
             "postgres_user": self.postgres_user,
+            **({"viewer_key": self.viewer_key.get_secret_value()} if self.viewer_key is not None else {}),
             "postgres_password": self.postgres_password.get_secret_value(),
         }
         return json.dumps(data, indent=2, sort_keys=True) + "\n"

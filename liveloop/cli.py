@@ -21,6 +21,7 @@ from infra.settings import MAX_LOCAL_BROKERS, StackSettings
 from infra.stack import Stack
 from liveloop import audit_cli, export_cli, learner_cli, replay_cli, serving_cli, sim_cli
 from liveloop.components import loop_components
+from liveloop.dashboard.settings import sign_in_hint
 from liveloop.exit_codes import LiveloopGroup
 from liveloop.models_status import models_section, print_models
 
@@ -109,6 +110,7 @@ def up(
     if chosen is not None:
         console.print(f"profile {chosen.name}: {chosen.summary}")
     _print_status(stack.status(loop_components(stack)))
+    console.print(sign_in_hint(stack.settings.credentials_path))
 
 
 @app.command()

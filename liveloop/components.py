@@ -8,14 +8,16 @@ directory they were started from.
 
 from __future__ import annotations
 
+import json
 import sys
 
 from infra.stack import ComponentSpec, Stack
 
 
 def loop_components(stack: Stack) -> list[ComponentSpec]:
-    """The whole loop wired to ``stack``: ingest API, archiver, distiller, learner, gate and gateway, the ingest
-    API and the gateway in as many replicas as ``ReplicasSettings`` says (``gateway-2``... on the next ports).
+    """The whole loop wired to ``stack``: ingest API, archiver, distiller, learner, gate, gateway and the ops
+    dashboard (which watches the others); the ingest API and the gateway in as many replicas as
+    ``ReplicasSettings`` says (``gateway-2``... on the next ports).
 
     Settings that are not endpoints (the learner's cadence, the gateway's port...) come from the
     environment of ``liveloop up`` as each stage's ``LIVELOOP_<STAGE>_*`` variables; the endpoints
@@ -37,7 +39,7 @@ def loop_components(stack: Stack) -> list[ComponentSpec]:
     serving = ServingSettings()
     replication = stack.replication
     replicas = ReplicasSettings()
-    return [
+    stages = [
         *[
             ComponentSpec(
                 name=_replica_name("ingest-api", n),
@@ -143,8 +145,41 @@ def loop_components(stack: Stack) -> list[ComponentSpec]:
             for n in range(1, replicas.gateway + 1)
         ],
     ]
+    return [*stages, _dashboard(stack, stages)]
 
 
 def _replica_name(component: str, n: int) -> str:
     """Replica ``n`` (from 1) of ``component``: the first keeps the component's own name (its state, its logs)."""
     return component if n == 1 else f"{component}-{n}"
+
+
+def _dashboard(stack: Stack, stages: list[ComponentSpec]) -> ComponentSpec:
+    """The ops dashboard, told where each stage answers so that its overview shows them as ``status`` does."""
+    from liveloop.dashboard.settings import DashboardSettings
+
+    e = stack.endpoints
+    dashboard = DashboardSettings()
+    probes = [
+        {
+            "name": spec.name,
+            "health_url": spec.health_url,
+            "status_url": spec.status_url,
+            "lag_group": spec.lag_group,
+            "lag_topics": list(spec.lag_topics),
+            "keeper_state": str(stack.keeper_state_path(spec.name).resolve()) if spec.restart else None,
+        }
+        for spec in stages
+    ]
+    return ComponentSpec(
+        name="dashboard",
+        argv=[sys.executable, "-m", "liveloop.dashboard"],
+        health_url=f"http://{dashboard.host}:{dashboard.port}/healthz",
+        env={
+            "LIVELOOP_DASHBOARD_DSN": e.dsn(),
+            "LIVELOOP_DASHBOARD_MLFLOW_URL": e.mlflow_url,
+            "LIVELOOP_DASHBOARD_BOOTSTRAP": e.kafka_bootstrap,
+            "LIVELOOP_DASHBOARD_PROMOTIONS_TOPIC": stack.topics.promotions.name,
+            "LIVELOOP_DASHBOARD_CREDENTIALS_PATH": str(stack.settings.credentials_path.resolve()),
+            "LIVELOOP_DASHBOARD_COMPONENTS": json.dumps(probes),
+        },
+    )

@@ -28,6 +28,7 @@ from infra.active import clear_mark, mark_running, refuse_if_other_running
 from infra.settings import StackSettings
 from infra.stack import Stack
 from liveloop.components import loop_components
+from liveloop.dashboard.settings import sign_in_hint
 from liveloop.demo.leak_scan import scan_for_leaks
 from liveloop.demo.quiet import library_output_to
 from liveloop.demo.report import DemoReport, LeakScan, collect_report, write_report
@@ -142,6 +143,7 @@ def _run(stack: Stack, options: DemoOptions, console: Console) -> DemoReport:
                 f"the loop keeps running from {options.state_dir}: `liveloop status` and `liveloop down` in this "
                 f"folder find it; its keys are in {stack.settings.credentials_path}"
             )
+            console.print(sign_in_hint(stack.settings.credentials_path))
         else:
             console.print(f"stopping the loop (its data stays in {options.state_dir} until the next demo)")
             stack.down()

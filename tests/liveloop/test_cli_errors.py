@@ -52,7 +52,7 @@ def cli_env(tmp_path: Path) -> dict[str, str]:
     env["LIVELOOP_INFRA_STATE_DIR"] = str(tmp_path / "state")
     for name in ("INFRA_KAFKA_PORT", "INFRA_KAFKA_CONTROLLER_PORT", "INFRA_POSTGRES_PORT", "INFRA_MLFLOW_PORT"):
         env[f"LIVELOOP_{name}"] = str(free_port())
-    for name in ("INGEST_PORT", "DISTILL_WEB_PORT", "LEARNER_STATUS_PORT", "SERVING_PORT"):
+    for name in ("INGEST_PORT", "DISTILL_WEB_PORT", "LEARNER_STATUS_PORT", "SERVING_PORT", "DASHBOARD_PORT"):
         env[f"LIVELOOP_{name}"] = str(free_port())
     return env
 

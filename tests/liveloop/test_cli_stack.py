@@ -48,6 +48,7 @@ def test_up_status_down_leave_nothing_running(tmp_path: Path) -> None:
         LIVELOOP_DISTILL_WEB_PORT=str(free_port()),
         LIVELOOP_LEARNER_STATUS_PORT=str(free_port()),
         LIVELOOP_SERVING_PORT=str(free_port()),
+        LIVELOOP_DASHBOARD_PORT=str(free_port()),
     )
     pids: list[int] = []
     try:
@@ -74,7 +75,7 @@ def test_up_status_down_leave_nothing_running(tmp_path: Path) -> None:
         assert report["services"]["mlflow"]["url"] == f"http://127.0.0.1:{ports['MLFLOW_PORT']}"
         assert report["services"]["mlflow"]["healthy"] is True
         components = report["components"]
-        assert set(components) == {"ingest-api", "archiver", "distiller", "learner", "gate", "gateway"}
+        assert set(components) == {"ingest-api", "archiver", "distiller", "learner", "gate", "gateway", "dashboard"}
         assert all(c["healthy"] for c in components.values()), components
         assert all(c["restarts"] == 0 for c in components.values()), components
         learner = components["learner"]["details"]  # the learner's own /status

@@ -38,7 +38,7 @@ def test_a_short_demo_trains_evaluates_promotes_and_reports(tmp_path: Path) -> N
     env = dict(os.environ, LIVELOOP_INFRA_STATE_DIR=str(state))
     for name in ("KAFKA_PORT", "KAFKA_CONTROLLER_PORT", "POSTGRES_PORT", "MLFLOW_PORT"):
         env[f"LIVELOOP_INFRA_{name}"] = str(free_port())
-    for name in ("INGEST_PORT", "DISTILL_WEB_PORT", "LEARNER_STATUS_PORT", "SERVING_PORT"):
+    for name in ("INGEST_PORT", "DISTILL_WEB_PORT", "LEARNER_STATUS_PORT", "SERVING_PORT", "DASHBOARD_PORT"):
         env[f"LIVELOOP_{name}"] = str(free_port())
     env.update(LIVELOOP_LEARNER_CHECKPOINT_INTERVAL_S="50", LIVELOOP_SIMULATOR_DRAIN_S="20")
     args = ["demo", "--minutes", "4", "--seed", "3", "--report", str(report_dir), "--state-dir", str(state)]

@@ -36,7 +36,10 @@ def _status(env: dict[str, str]) -> dict[str, Any]:
 def test_up_with_the_fast_profile_learns_a_checkpoint_within_its_cadence(tmp_path: Path) -> None:
     state = tmp_path / "state"
     env = dict(os.environ, LIVELOOP_INFRA_STATE_DIR=str(state))
-    ports = {name: free_port() for name in ("INGEST_PORT", "DISTILL_WEB_PORT", "LEARNER_STATUS_PORT", "SERVING_PORT")}
+    ports = {
+        name: free_port()
+        for name in ("INGEST_PORT", "DISTILL_WEB_PORT", "LEARNER_STATUS_PORT", "SERVING_PORT", "DASHBOARD_PORT")
+    }
     for name in ("KAFKA_PORT", "KAFKA_CONTROLLER_PORT", "POSTGRES_PORT", "MLFLOW_PORT"):
         env[f"LIVELOOP_INFRA_{name}"] = str(free_port())
     env.update({f"LIVELOOP_{name}": str(port) for name, port in ports.items()})

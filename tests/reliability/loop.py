@@ -105,7 +105,10 @@ def running_loop(
 ) -> Iterator[Loop]:
     """Start a whole loop in ``state_dir`` on ``brokers`` Kafka brokers (three: replication factor 3, two in
     sync); purge everything (processes, cluster, files) on the way out."""
-    ports = {name: str(free_port()) for name in ("LIVELOOP_DISTILL_WEB_PORT", "LIVELOOP_LEARNER_STATUS_PORT")}
+    ports = {
+        name: str(free_port())
+        for name in ("LIVELOOP_DISTILL_WEB_PORT", "LIVELOOP_LEARNER_STATUS_PORT", "LIVELOOP_DASHBOARD_PORT")
+    }
     # Replica n of the ingest API and of the gateway listens on the port + n - 1 (LIVELOOP_REPLICAS_*).
     ports |= {name: str(free_port_run(4)) for name in ("LIVELOOP_INGEST_PORT", "LIVELOOP_SERVING_PORT")}
     state_dir.mkdir(parents=True, exist_ok=True)

@@ -62,13 +62,18 @@ class GatewayProcess:
 
 @contextmanager
 def gateway_process(
-    endpoints: Endpoints, events_topic: str, workdir: Path, model_folder: Path, **settings: str
+    endpoints: Endpoints,
+    events_topic: str,
+    workdir: Path,
+    model_folder: Path,
+    ready_within_s: float = 120,
+    **settings: str,
 ) -> Iterator[GatewayProcess]:
     """``python -m serving.gateway`` on a free port, serving ``model_folder`` as version 1, ready when yielded.
 
     It uses the test stack's broker and registry, under a model name of its own (no champion there, so
     the swap controller keeps version 1). ``settings`` are more ``LIVELOOP_SERVING_*`` values
-    (``MAX_BATCH="8"``). Stopped (SIGTERM, then SIGKILL) on leaving.
+    (``MAX_BATCH="8"``). Stopped (SIGTERM, then SIGKILL) on leaving; fails if not ready within ``ready_within_s``.
     """
     key = ensure_credentials(workdir / "credentials.json").gateway_key.get_secret_value()
     port = free_port()
@@ -89,7 +94,7 @@ def gateway_process(
     env = os.environ | {f"LIVELOOP_SERVING_{name}": value for name, value in values.items()}
     url = f"http://127.0.0.1:{port}"
     log_path = workdir / "gateway.log"
-    with http_process("serving.gateway", env, url, log_path, ready_within_s=120) as process:
+    with http_process("serving.gateway", env, url, log_path, ready_within_s=ready_within_s) as process:
         yield GatewayProcess(process, url, key, model, log_path)
 
 
