@@ -1,6 +1,13 @@
 """Faust, tuned for the distiller: what its per-record machinery costs, cut where no guarantee depends on it.
 
-Six changes, all below the app's own logic (the agents, tables, changelogs and commits are Faust's):
+Seven changes, all below the app's own logic (the agents, tables, changelogs and commits are Faust's):
+
+- **Seeks that hold.** Records fetched and then dropped (on a rebalance, a stopped flow) are read again only
+  if the consumer seeks back to the committed offsets. Faust's seek skipped partitions with nothing committed
+  yet, left out some drops, and raced fetches handed over before it: each lost about one fetch per moved
+  partition when workers joined or left (docs/reliability.md). ``_Consumer`` seeks every partition, after
+  every drop, and drops what a fetch brought while a seek ran. Checked against one faust-streaming release
+  (:data:`FAUST_VERSION`): the worker refuses to start on another.
 
 - **Whole fetches.** The records of the topics a :class:`distill.fetches.Fetches` names leave each
   fetch before Faust's per-record delivery sees them, and go there whole, to be acknowledged by
@@ -172,6 +179,7 @@ class EagerDelivery(Service):
 class _Consumer(EagerDelivery, driver.Consumer):
     thread_class: ClassVar[type[driver.AIOKafkaConsumerThread]] = _ConsumerThread
     fetches: ClassVar[Fetches | None] = None
+    _seeks = 0  # how many times perform_seek started or ended
 
     def _new_consumer_thread(self) -> driver.AIOKafkaConsumerThread:
         return self.thread_class(self, loop=self.loop, beacon=self.beacon)
@@ -179,7 +187,18 @@ class _Consumer(EagerDelivery, driver.Consumer):
     async def _wait_next_records(self, timeout: float) -> tuple[RecordMap | None, set[TP] | None]:
         """Faust's fetch, less the records of :attr:`fetches`' topics, which go there whole
         (``distill.fetches``); ``getmany`` turns the rest into messages one by one as before."""
+        seeks = self._seeks
         records, active = await super()._wait_next_records(timeout)
+        if records and seeks != self._seeks:
+            # A seek (after a rebalance's recovery, say) ran while this fetch was out, in the consumer's thread:
+            # the records may have been handed over before it, from the positions it replaced. Taken now, the
+            # first would jump ahead of the read offset the seek set, that jump would be booked as a gap
+            # (``_add_gap``: acknowledged), and the records the seek meant to read again would then be skipped
+            # as read already. Drop them and seek again, with no fetch out this time.
+            for tp in [tp for tp in records if not self._is_changelog_tp(tp)]:
+                records.pop(tp)  # type: ignore[attr-defined]  # the driver's own dict
+            await self._seek_back()
+            return records, active
         fetches = self.fetches
         if not records or fetches is None:
             return records, active
@@ -227,7 +246,8 @@ class _Consumer(EagerDelivery, driver.Consumer):
             log.warning("could not seek back after dropping fetched records (%r); the rebalance will", exc)
 
     async def perform_seek(self) -> None:
-        """Faust's seek to the committed offsets, and to the beginning where nothing is committed yet.
+        """Faust's seek to the committed offsets, and to the beginning where nothing is committed yet; a fetch
+        out meanwhile is dropped (:meth:`_wait_next_records`).
 
         aiokafka's ``seek_to_committed`` leaves a partition with no committed offset (or offset 0) where its
         position is. Faust seeks back to the committed offsets to read again what it fetched and then dropped
@@ -236,6 +256,13 @@ class _Consumer(EagerDelivery, driver.Consumer):
         fetch of it. From no committed offset a member starts at the beginning (the distiller's
         ``auto_offset_reset`` is "earliest", checked by :func:`install`), so that is where to seek.
         """
+        self._seeks += 1  # before and after: a fetch that started while the seek was out is stale too
+        try:
+            await self._seek_to_committed()
+        finally:
+            self._seeks += 1
+
+    async def _seek_to_committed(self) -> None:
         await super().perform_seek()
         unread = [
             aiokafka.TopicPartition(tp.topic, tp.partition)
