@@ -10,6 +10,8 @@
   Dead-letter them; do not retry.
 - :class:`AuditStoreUnavailable`: PostgreSQL stayed unreachable longer than the sink waits. Crash: the
   batch's offsets are not committed, so a restarted distiller reads it again.
+- :class:`UnsupportedEngine`: the installed faust-streaming is not the version ``distill.tuning`` was
+  checked against, or the app is configured so that its offset handling would be unsafe. Refuse to start.
 
 Feedback that arrives after its window is not an error: :func:`distill.reward.is_late` tells the
 streaming app, which counts and drops it.
@@ -59,3 +61,9 @@ class InvalidSample(DistillError):
 class AuditStoreUnavailable(DistillError):
     """The audit store could not be written for longer than the sink retries. Crash and restart (nothing is lost:
     the batch's offsets were not committed); check that PostgreSQL runs and the DSN is right."""
+
+
+class UnsupportedEngine(DistillError):
+    """The stream engine cannot be trusted with the distiller's offsets: a faust-streaming version other than the
+    one ``distill.tuning`` was checked against, or a setting it relies on changed. Refuse to start; install the
+    pinned version (constraints.txt) or re-check ``distill.tuning`` against the new one."""

@@ -1,6 +1,13 @@
 """Faust, tuned for the distiller: what its per-record machinery costs, cut where no guarantee depends on it.
 
-Six changes, all below the app's own logic (the agents, tables, changelogs and commits are Faust's):
+Seven changes, all below the app's own logic (the agents, tables, changelogs and commits are Faust's):
+
+- **Seeks that hold.** Records fetched and then dropped (on a rebalance, a stopped flow) are read again only
+  if the consumer seeks back to the committed offsets. Faust's seek skipped partitions with nothing committed
+  yet, left out some drops, and raced fetches handed over before it: each lost about one fetch per moved
+  partition when workers joined or left (docs/reliability.md). ``_Consumer`` seeks every partition, after
+  every drop, and drops what a fetch brought while a seek ran. Checked against one faust-streaming release
+  (:data:`FAUST_VERSION`): the worker refuses to start on another.
 
 - **Whole fetches.** The records of the topics a :class:`distill.fetches.Fetches` names leave each
   fetch before Faust's per-record delivery sees them, and go there whole, to be acknowledged by
@@ -35,8 +42,10 @@ from __future__ import annotations
 
 import functools
 import inspect
+import logging
 import types
 from collections.abc import Coroutine, Generator, Mapping
+from importlib.metadata import version
 from time import monotonic
 from typing import Any, ClassVar
 
@@ -52,8 +61,15 @@ from mode.services import WaitArgT, WaitResults
 from mode.utils.futures import notify
 from mode.utils.times import Seconds
 
+from distill.errors import UnsupportedEngine
 from distill.fetches import Fetched, Fetches
 from infra.producers import RELIABLE_OPTIONS
+
+log = logging.getLogger(__name__)
+
+FAUST_VERSION = "0.15.3"
+"""The faust-streaming release whose consumer internals (read and committed offsets, the gap accounting, the
+seek after a rebalance) the classes here were read against and tested with; :func:`install` refuses another."""
 
 
 def step_eagerly(coro: Coroutine[Any, Any, Any]) -> tuple[bool, Any]:
@@ -166,6 +182,7 @@ class EagerDelivery(Service):
 class _Consumer(EagerDelivery, driver.Consumer):
     thread_class: ClassVar[type[driver.AIOKafkaConsumerThread]] = _ConsumerThread
     fetches: ClassVar[Fetches | None] = None
+    _seeks = 0  # how many times perform_seek started or ended
 
     def _new_consumer_thread(self) -> driver.AIOKafkaConsumerThread:
         return self.thread_class(self, loop=self.loop, beacon=self.beacon)
@@ -173,7 +190,18 @@ class _Consumer(EagerDelivery, driver.Consumer):
     async def _wait_next_records(self, timeout: float) -> tuple[RecordMap | None, set[TP] | None]:
         """Faust's fetch, less the records of :attr:`fetches`' topics, which go there whole
         (``distill.fetches``); ``getmany`` turns the rest into messages one by one as before."""
+        seeks = self._seeks
         records, active = await super()._wait_next_records(timeout)
+        if records and seeks != self._seeks:
+            # A seek (after a rebalance's recovery, say) ran while this fetch was out, in the consumer's thread:
+            # the records may have been handed over before it, from the positions it replaced. Taken now, the
+            # first would jump ahead of the read offset the seek set, that jump would be booked as a gap
+            # (``_add_gap``: acknowledged), and the records the seek meant to read again would then be skipped
+            # as read already. Drop them and seek again, with no fetch out this time.
+            for tp in [tp for tp in records if not self._is_changelog_tp(tp)]:
+                records.pop(tp)  # type: ignore[attr-defined]  # the driver's own dict
+            await self._seek_back()
+            return records, active
         fetches = self.fetches
         if not records or fetches is None:
             return records, active
@@ -181,13 +209,16 @@ class _Consumer(EagerDelivery, driver.Consumer):
         # waited out a rebalance, and its records come from the positions that rebalance sought to).
         generation = self.app.consumer_generation_id
         taken: list[Fetched] = []
+        dropped = False
         for tp in [tp for tp in records if tp.topic in fetches.topics]:
             fetched = records.pop(tp)  # type: ignore[attr-defined]  # the driver's own dict
-            # What getmany and the fetcher would have delivered of them, and nothing else. A record left out
-            # here is read again only if the flow stopped (getmany then seeks back to the committed offsets).
+            # What getmany and the fetcher would have delivered of them, and nothing else. The consumer's
+            # position has passed a record left out here, so the partitions are sought back below.
             if not self.flow_active or generation != self.app.consumer_generation_id:
+                dropped = True
                 continue
             if not (active is None or tp in active or tp in self._buffered_partitions):
+                dropped = True
                 continue
             read = self._read_offset[tp]
             if read is not None and fetched[0].offset < read:
@@ -199,10 +230,50 @@ class _Consumer(EagerDelivery, driver.Consumer):
                 await self._add_gap(tp, read + 1, offset)  # as the fetcher records a gap in the offsets
             self._read_offset[tp] = fetched[-1].offset
             taken.append(Fetched(TP(tp.topic, tp.partition), fetched))
+        if dropped:
+            # Faust's getmany seeks back only if the flow is still stopped when it looks, and its own fetcher
+            # drops records of a changed generation or a paused partition without any seek: the position then
+            # stays past them, the next record's jump from the read offset counts them as a gap (acknowledged,
+            # ``_add_gap``), and a commit passes over them. Seeking back here re-reads them whatever comes next.
+            await self._seek_back()
         if taken:
             fetches.put(taken)
             await fetches.room()
         return records, active
+
+    async def _seek_back(self) -> None:
+        """Seek every partition back to its committed offset (records were dropped after they were fetched)."""
+        try:
+            await self.perform_seek()
+        except Exception as exc:  # a rebalance under way: its end seeks every partition again
+            log.warning("could not seek back after dropping fetched records (%r); the rebalance will", exc)
+
+    async def perform_seek(self) -> None:
+        """Faust's seek to the committed offsets, and to the beginning where nothing is committed yet; a fetch
+        out meanwhile is dropped (:meth:`_wait_next_records`).
+
+        aiokafka's ``seek_to_committed`` leaves a partition with no committed offset (or offset 0) where its
+        position is. Faust seeks back to the committed offsets to read again what it fetched and then dropped
+        (on a rebalance, a stop of the flow); on such a partition the position stayed past those records and
+        they were never read: a worker joining before the group's first commit of a partition lost about one
+        fetch of it. From no committed offset a member starts at the beginning (the distiller's
+        ``auto_offset_reset`` is "earliest", checked by :func:`install`), so that is where to seek.
+        """
+        self._seeks += 1  # before and after: a fetch that started while the seek was out is stale too
+        try:
+            await self._seek_to_committed()
+        finally:
+            self._seeks += 1
+
+    async def _seek_to_committed(self) -> None:
+        await super().perform_seek()
+        unread = [
+            aiokafka.TopicPartition(tp.topic, tp.partition)
+            for tp in self.assignment()
+            if not self._is_changelog_tp(tp) and not self._committed_offset.get(tp)
+        ]
+        if unread:
+            await self._thread.seek_to_beginning(*unread)
 
     def ack_fetched(self, fetched: list[Fetched]) -> None:
         """Acknowledge the records of a batch taken from :attr:`fetches`, as ``Consumer.ack`` does each
@@ -272,6 +343,7 @@ def install(app: faust.App, fetch_max_wait_s: float, fetches: Fetches | None = N
     """Tune ``app`` as the module docstring says; call it right after creating the app, before its topics
     (each topic binds ``app.create_event`` when it is created). The records of ``fetches``' topics go
     there, whole (``distill.fetches``)."""
+    check_engine(app)
     wait_ms = max(1, round(fetch_max_wait_s * 1000))
     thread = type("ConsumerThread", (_ConsumerThread,), {"fetch_max_wait_ms": wait_ms})
     consumer = type("Consumer", (_Consumer,), {"thread_class": thread, "fetches": fetches})
@@ -280,3 +352,21 @@ def install(app: faust.App, fetch_max_wait_s: float, fetches: Fetches | None = N
     app.monitor = QuietMonitor()
     event_class: Any = app.conf.Event
     app.create_event = functools.partial(event_class, app)  # type: ignore[method-assign]
+
+
+def check_engine(app: faust.App) -> None:
+    """Refuse to run on what the consumer here was not checked against (:class:`UnsupportedEngine`): another
+    faust-streaming release (its offset bookkeeping is what decides whether a rebalance loses records), or a
+    consumer that starts a partition with nothing committed anywhere but its beginning (``perform_seek``)."""
+    installed = version("faust-streaming")
+    if installed != FAUST_VERSION:
+        raise UnsupportedEngine(
+            f"faust-streaming {installed} is installed; the distiller's consumer (distill.tuning) was checked against "
+            f"{FAUST_VERSION} only: install faust-streaming=={FAUST_VERSION} (constraints.txt)"
+        )
+    reset = app.conf.consumer_auto_offset_reset
+    if reset != "earliest":
+        raise UnsupportedEngine(
+            f"consumer_auto_offset_reset is {reset!r}: the distiller reads a partition with nothing committed from its "
+            "beginning (distill.tuning), so it must be 'earliest'"
+        )

@@ -22,6 +22,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 import uuid
@@ -38,9 +39,10 @@ from pydantic import SecretStr
 
 from distill.app import internal_topics
 from distill.replay import stored_sample
-from distill.samples import Sample
+from distill.samples import Sample, parse_sample
 from distill.settings import DistillSettings
 from distill.spec import RewardSpec, load_spec
+from infra.lag import consumer_lag
 from infra.migrations import migrate
 from infra.settings import TopicSpec
 from infra.topics import ensure_topics
@@ -58,6 +60,8 @@ STOP_S = 30.0
 FAUST_ENV = {"BROKER_SESSION_TIMEOUT": "8", "BROKER_HEARTBEAT_INTERVAL": "1"}
 
 Json = dict[str, Any]
+MakeHarness = Callable[..., "StreamHarness"]
+"""The ``make_harness`` fixture (tests/distill/conftest.py): ``make_harness(**options)`` gives a harness."""
 
 
 def iso(ts: datetime) -> str:
@@ -526,3 +530,63 @@ def read_topic(bootstrap: str, topic: str, timeout: float = 60.0) -> list[tuple[
 def dump_json(value: Any) -> bytes:
     """Compact JSON bytes, for records sent with :meth:`StreamHarness.produce_raw`."""
     return json.dumps(value, separators=(",", ":")).encode()
+
+
+class SteadyLoad:
+    """Simple sessions (four events each) sent to a harness in the background, ``per_tick`` sessions every 0.2 s,
+    until :meth:`stop` or ``most`` sessions; :attr:`sent` holds their generation ids. Session and generation
+    ids derive from ``name``, so they are unique to the test."""
+
+    def __init__(self, harness: StreamHarness, name: str, per_tick: int = 100, most: int = 20_000) -> None:
+        self.harness = harness
+        self.sent: list[uuid.UUID] = []
+        self._name = name
+        self._per_tick = per_tick
+        self._most = most
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._send, daemon=True)
+
+    def start(self) -> SteadyLoad:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop sending and wait for the sender; fails if it does not end."""
+        self._stop.set()
+        self._thread.join(timeout=60)
+        assert not self._thread.is_alive(), "the sender did not stop"
+
+    def _send(self) -> None:
+        now = datetime.now(UTC)
+        namespace = uuid.uuid5(uuid.NAMESPACE_URL, f"liveloop-steady-load/{self._name}")
+        while not self._stop.is_set() and len(self.sent) < self._most:
+            first = len(self.sent)
+            batch = [uuid.uuid5(namespace, str(first + i)) for i in range(self._per_tick)]
+            self.harness.emit(
+                event
+                for i, generation_id in enumerate(batch, start=first)
+                for event in simple_session(f"{self._name}-{i}", generation_id, ts=now, user_id=f"user-{i % 2000}")
+            )
+            self.sent.extend(batch)
+            time.sleep(0.2)
+
+
+def assert_one_sample_per_generation(harness: StreamHarness, sent: Sequence[uuid.UUID]) -> None:
+    """Every generation in ``sent`` got exactly one row in ``samples`` and one sample id on the samples topic
+    (repeats only under that id), and the group's committed offsets reach the end of every events partition."""
+    rows = harness.query("SELECT generation_id, count(*) FROM samples GROUP BY generation_id")
+    missing = set(sent) - {row[0] for row in rows}
+    assert not missing, f"{len(missing)} of {len(sent)} generations have no sample"
+    assert {row[0] for row in rows} == set(sent), "a sample of a generation that was not sent"
+    assert all(row[1] == 1 for row in rows), "a generation stored twice"
+    ids_by_generation: dict[str, set[str]] = {}
+    for _, value in harness.topic_samples():
+        sample = parse_sample(value)
+        ids_by_generation.setdefault(str(sample.generation_id), set()).add(sample.sample_id)
+    assert set(ids_by_generation) == {str(g) for g in sent}, "the samples topic lacks a generation"
+    assert {len(ids) for ids in ids_by_generation.values()} == {1}, "a generation published under two ids"
+
+    def lag() -> int:
+        return consumer_lag(harness.bootstrap, harness.app_id, [harness.events_topic])
+
+    harness.wait_until(lambda: lag() == 0, 60, "the committed offsets to reach the end of the events")

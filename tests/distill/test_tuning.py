@@ -11,12 +11,15 @@ import asyncio
 import functools
 import warnings
 from collections.abc import Callable, Coroutine
+from importlib.metadata import version
 from typing import Any
 
+import faust
 import pytest
 from mode.utils.locks import Event
 
-from distill.tuning import EagerDelivery, step_eagerly
+from distill.errors import UnsupportedEngine
+from distill.tuning import FAUST_VERSION, EagerDelivery, install, step_eagerly
 
 
 def in_a_loop(check: Callable[[], Coroutine[Any, Any, None]]) -> Callable[[], None]:
@@ -156,3 +159,21 @@ def test_the_distillers_producer_is_idempotent_with_acks_all() -> None:
     idempotent, servers = asyncio.run(build())
     assert idempotent
     assert servers == ["127.0.0.1:1", "127.0.0.1:2"]
+
+
+def test_the_tuned_consumer_refuses_an_app_that_starts_unread_partitions_at_their_end() -> None:
+    """``distill.tuning`` seeks a partition with nothing committed to its beginning after a rebalance (what the
+    consumer would read from there): an app configured to start at the end instead is refused, with the fix."""
+    app = faust.App("test-tuning-latest", broker="kafka://127.0.0.1:1", consumer_auto_offset_reset="latest")
+    with pytest.raises(UnsupportedEngine, match="must be 'earliest'"):
+        install(app, 0.05)
+
+
+def test_the_tuned_consumer_runs_on_the_faust_streaming_release_it_was_checked_against() -> None:
+    """The installed faust-streaming is the one ``distill.tuning`` names (constraints.txt pins it), so the check
+    passes here, and the app gets the tuned consumer."""
+    assert version("faust-streaming") == FAUST_VERSION
+    app = faust.App("test-tuning-earliest", broker="kafka://127.0.0.1:1")
+    install(app, 0.05)
+    assert app.transport.Consumer.__name__ == "Consumer"
+    assert hasattr(app.transport.Consumer, "_seek_back")
