@@ -23,7 +23,7 @@ def test_one_replica_of_each_by_default(tmp_path: Path, monkeypatch: pytest.Monk
     monkeypatch.delenv("LIVELOOP_REPLICAS_GATEWAY", raising=False)
     monkeypatch.delenv("LIVELOOP_REPLICAS_INGEST_API", raising=False)
     names = [spec.name for spec in loop_components(_stack(tmp_path))]
-    assert names == ["ingest-api", "archiver", "distiller", "learner", "gate", "gateway"]
+    assert names == ["ingest-api", "archiver", "distiller", "learner", "gate", "gateway", "dashboard"]
 
 
 def test_replicas_listen_on_the_next_ports_with_state_of_their_own(
