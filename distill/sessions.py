@@ -24,10 +24,10 @@ Rules:
   whole session private, and a private session keeps nothing and yields nothing.
 - An agent turn (a generation with a ``turn``, under a spec with an ``agent`` section) is never scored on
   its own: it joins its trajectory (``SessionState.trajectories``), with the feedback naming it. The
-  trajectory is finalised (:mod:`distill.trajectory`, one sample per trainable turn) when its outcome
-  arrives after its turns; an outcome that came first waits, and is applied ``orphan_grace_s`` after the
-  session's last event (its turns are late on another path), or dead-lettered like an orphan if no turn of
-  it ever comes. Without an outcome it times out ``agent.params.timeout_s`` after its last turn (event
+  trajectory is finalised (:mod:`distill.trajectory`, one sample per trainable turn) ``orphan_grace_s`` after
+  its session's last event once its outcome came: the last turn (emitted by the gateway) and the outcome (posted
+  by the product) travel separate paths, and either may arrive first. An outcome whose turns never come is
+  dead-lettered like an orphan. Without an outcome it times out ``agent.params.timeout_s`` after its last turn (event
   time, against the tick's clock), or ``orphan_grace_s`` after its ended session's last event. An outcome
   stamped past the timeout counts as none (replay decides the same from event times); a turn, feedback
   or outcome for a finalised trajectory is late (an outcome: dead-lettered, it names no generation).
@@ -495,7 +495,9 @@ def _add_turn(state: SessionState, event: GenerationEvent, outcome: Outcome) -> 
 def _add_trajectory_outcome(
     state: SessionState, event: TrajectoryOutcomeEvent, spec: RewardSpec, outcome: Outcome, now: float
 ) -> None:
-    """Record a trajectory's outcome: finalise it if its turns are here, else let it wait for them."""
+    """Record a trajectory's outcome; a tick finalises the trajectory ``orphan_grace_s`` after its session's last
+    event (:func:`trajectory_due`), not at once: the product posts the outcome through the ingest API right after
+    the last turn, which the gateway emits on another path, so that turn may reach the topic after it."""
     trajectory_id = str(event.payload.trajectory_id)
     trajectory = state.trajectories.get(trajectory_id)
     if trajectory_id in state.trajectories_done or (trajectory is not None and trajectory.has_outcome()):
@@ -507,8 +509,6 @@ def _add_trajectory_outcome(
     if trajectory is None:
         trajectory = state.trajectories[trajectory_id] = PendingTrajectory.started()
     trajectory.set_outcome(event)
-    if trajectory.last_turn_at is not None:
-        _close_trajectory(state, trajectory_id, spec, outcome, now)
 
 
 def _close_trajectory(state: SessionState, trajectory_id: str, spec: RewardSpec, outcome: Outcome, now: float) -> None:

@@ -7,7 +7,6 @@ in parallel and short timeouts, so a component that hangs costs the page seconds
 
 from __future__ import annotations
 
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -19,6 +18,7 @@ from infra.keeper import read_state
 from infra.lag import consumer_lag
 from infra.probes import http_json, http_ok
 from liveloop.dashboard import store
+from liveloop.dashboard.recent import Recent
 from liveloop.dashboard.settings import ComponentProbe, DashboardSettings
 from liveloop.models_status import models_section
 
@@ -49,23 +49,22 @@ class Overview:
     def __init__(self, settings: DashboardSettings, dsn: str) -> None:
         self.settings = settings
         self.dsn = dsn
-        self._lock = threading.Lock()
-        self._cached: tuple[float, dict[str, Any]] | None = None
+        self._recent = Recent(self._compute, settings.overview_cache_s)
+        self.models = Recent(
+            lambda: models_section(dsn, settings.mlflow_url, settings.model_name), settings.overview_cache_s
+        )
+        """The models section alone (champion, candidate), for the pages that show it beside their own figures."""
 
     def get(self) -> dict[str, Any]:
         """The latest overview, recomputed when older than ``overview_cache_s``."""
-        with self._lock:  # one computation at a time; pollers arriving meanwhile share its result
-            now = time.monotonic()
-            if self._cached is None or now - self._cached[0] > self.settings.overview_cache_s:
-                self._cached = (now, self._compute())
-            return self._cached[1]
+        return self._recent.get()
 
     def _compute(self) -> dict[str, Any]:
         s = self.settings
         probes = s.components
         with ThreadPoolExecutor(max_workers=max(len(probes), 1) + 1) as pool:
             states = [pool.submit(component_state, p, s.bootstrap) for p in probes]
-            models = pool.submit(models_section, self.dsn, s.mlflow_url, s.model_name)
+            models = pool.submit(self.models.get)
             doc: dict[str, Any] = {"at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "errors": []}
             doc["components"] = [f.result() for f in states]
             doc["models"] = models.result()

@@ -13,7 +13,6 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 
 from liveloop.dashboard import store
 from liveloop.dashboard.charts import line_chart
-from liveloop.models_status import models_section
 
 if TYPE_CHECKING:
     from liveloop.dashboard.app import Dashboard
@@ -109,7 +108,7 @@ def add_routes(app: FastAPI, dash: Dashboard) -> None:
 
 
 def _models(dash: Dashboard) -> dict[str, Any]:
-    return models_section(dash.dsn, dash.settings.mlflow_url, dash.settings.model_name)
+    return dash.overview.models.get()
 
 
 def _jsonable(value: Any) -> Any:

@@ -40,6 +40,12 @@ def merge(total: Outcome, outcome: Outcome) -> None:
     total.trajectories += outcome.trajectories
 
 
+def settle(state: SessionState, outcome: Outcome) -> Outcome:
+    """Tick once the outcome's grace has passed (a trajectory with an outcome is final then), into ``outcome``."""
+    merge(outcome, apply_tick(state, datetime.fromtimestamp(state.touched_at + ORPHAN_GRACE_S, UTC), SPEC))
+    return outcome
+
+
 def expected(tree: Tree) -> list[bytes]:
     return tree.expected(SPEC)
 
@@ -51,6 +57,8 @@ def as_json(samples: Sequence[Sample]) -> list[bytes]:
 def test_a_trajectory_assembled_across_restarts_gives_one_sample_per_trainable_turn() -> None:
     tree, orchestrator = orchestrator_tree()
     state, outcome = feed(tree.parsed())
+    assert outcome.samples == []  # the outcome waits a grace for turns still on their way (next test)
+    settle(state, outcome)
     assert as_json(outcome.samples) == expected(tree)
     assert sorted(str(s.generation_id) for s in outcome.samples) == sorted(orchestrator)
     assert all(s.agent is not None and s.finalised_by == "outcome" for s in outcome.samples)  # none scored alone
@@ -58,6 +66,16 @@ def test_a_trajectory_assembled_across_restarts_gives_one_sample_per_trainable_t
     assert not state.trajectories
     assert not state.pending  # agent turns never wait as single-turn generations
     assert as_json(replay_session(tree.parsed(), set(), SPEC)) == expected(tree)
+
+
+def test_the_last_turn_arriving_after_its_outcome_still_counts() -> None:
+    # The gateway emits the last turn; the product posts the outcome to the ingest API the moment the turn
+    # returns: the two paths race, and the outcome may reach the topic first.
+    tree, _ = orchestrator_tree()
+    events = tree.parsed()
+    outcome = settle(*feed([*events[:-2], events[-1], events[-2]]))
+    assert outcome.late == []
+    assert as_json(outcome.samples) == expected(tree)
 
 
 def test_an_outcome_before_its_turns_waits_for_them() -> None:
@@ -120,7 +138,7 @@ def test_an_outcome_stamped_past_the_timeout_counts_as_none() -> None:
     tree.turn()
     tree.clock += TIMEOUT_S + 1
     tree.outcome(True)
-    _, outcome = feed(tree.parsed())
+    outcome = settle(*feed(tree.parsed()))
     assert [s.finalised_by for s in outcome.samples] == ["timeout"]
     assert as_json(replay_session(tree.parsed(), set(), SPEC)) == as_json(outcome.samples)
 
@@ -128,6 +146,7 @@ def test_an_outcome_stamped_past_the_timeout_counts_as_none() -> None:
 def test_turns_and_feedback_after_the_outcome_are_late() -> None:
     tree, _ = summary_tree()
     state, outcome = feed(tree.parsed())
+    settle(state, outcome)
     assert len(outcome.samples) == 5
     straggler = tree.turn()
     tree.tool_result(straggler, "read")
@@ -181,7 +200,7 @@ def test_a_turn_whose_mask_cannot_be_derived_is_dead_lettered_and_the_rest_is_sc
     tree.events[-1]["payload"]["completion_token_ids"] = [1, 2, 3]  # segments no longer add up to the completion
     tree.events[-1]["payload"]["completion_logprobs"] = [-0.5] * 3
     tree.outcome(True)
-    _, outcome = feed(tree.parsed())
+    outcome = settle(*feed(tree.parsed()))
     [(event, reason)] = outcome.unjoined
     assert isinstance(event, GenerationEvent)
     assert "segment token ids do not equal" in reason
