@@ -20,9 +20,7 @@ from distill.spec import load_spec
 from ingest.archiver import Archiver
 from ingest.settings import ArchiverSettings
 from tests.distill.agent_trajectories import Tree, orchestrator_tree, pruned_search_tree, summary_tree
-from tests.distill.test_stream import MakeHarness, make_harness
-
-__all__ = ["make_harness"]  # the fixture, imported for pytest to find
+from tests.distill.stream_harness import MakeHarness
 
 SPEC = load_spec()
 
