@@ -40,7 +40,7 @@ from typing import TypeGuard
 from uuid import UUID
 
 from distill.errors import PrivacyModeEvent
-from distill.samples import SAMPLE_SCHEMA_VERSION, FinalisedBy, Sample, loss_mask_for, sample_id_for
+from distill.samples import SAMPLE_SCHEMA_VERSION, AgentCredit, FinalisedBy, Sample, loss_mask_for, sample_id_for
 from distill.spec import RewardSpec
 from ingest.events import (
     EditPersistedEvent,
@@ -258,9 +258,38 @@ def score(
     norm = spec.normalisation_for(payload.surface)
     low, high = spec.clip
     reward = min(max(norm.scale * math.fsum(components.values()) + norm.offset, low), high) + 0.0
-    spec_hash = spec.spec_hash
+    return served_sample(
+        generation,
+        spec,
+        reward=reward,
+        components=components,
+        sources={generation.event_id, *(e.event_id for e in counted)},
+        finalised_by=finalised_by,
+        deferral=deferral,
+        invalid_tool_calls=invalid,
+        tokenizer=tokenizer,
+    )
+
+
+def served_sample(
+    generation: GenerationEvent,
+    spec: RewardSpec,
+    *,
+    reward: float,
+    components: dict[str, float],
+    sources: Iterable[UUID],
+    finalised_by: FinalisedBy,
+    deferral: bool,
+    invalid_tool_calls: int,
+    tokenizer: str | None = None,
+    agent: AgentCredit | None = None,
+) -> Sample:
+    """The sample of ``generation`` as it was served (its tokens, logprobs and loss mask), with the reward, its
+    components and the ``sources`` (event ids) the caller worked out: a single turn's (:func:`score`) or an agent
+    turn's (:func:`distill.trajectory.trajectory_samples`, with its trajectory's ``agent`` credit)."""
+    payload = generation.payload
     return Sample(
-        sample_id=sample_id_for(payload.generation_id, spec_hash),
+        sample_id=sample_id_for(payload.generation_id, spec.spec_hash),
         schema_version=SAMPLE_SCHEMA_VERSION,
         generation_id=payload.generation_id,
         policy_version=payload.policy_version,
@@ -274,9 +303,9 @@ def score(
         loss_mask=loss_mask_for(payload),
         reward=reward,
         components=components,
-        source_event_ids=sorted({generation.event_id, *(e.event_id for e in counted)}),  # as their strings sort
+        source_event_ids=sorted(set(sources)),  # UUIDs sort as their strings do
         spec_version=spec.version,
-        spec_hash=spec_hash,
+        spec_hash=spec.spec_hash,
         session_id=generation.session_id,
         user_id=generation.user_id,
         tenant=generation.tenant,
@@ -284,6 +313,7 @@ def score(
         task_kind=payload.task_kind,
         finalised_by=finalised_by,
         deferral=deferral,
-        invalid_tool_calls=invalid,
+        invalid_tool_calls=invalid_tool_calls,
         generated_at=generation.ts,
+        agent=agent,
     )

@@ -41,8 +41,8 @@ from dataclasses import dataclass
 from uuid import UUID
 
 from distill.errors import DistillError, PrivacyModeEvent
-from distill.reward import count_invalid_tool_calls, counted_feedback, is_deferral
-from distill.samples import SAMPLE_SCHEMA_VERSION, AgentCredit, FinalisedBy, Sample, loss_mask_for, sample_id_for
+from distill.reward import count_invalid_tool_calls, counted_feedback, is_deferral, served_sample
+from distill.samples import AgentCredit, FinalisedBy, Sample
 from distill.spec import AgentSpec, RewardSpec
 from ingest.events import EventBase, GenerationEvent, ToolResultEvent, TrajectoryOutcomeEvent
 from ingest.payloads import GenerationPayload, TurnPlace
@@ -242,7 +242,6 @@ def trajectory_samples(
     credit, per_turn = assess(ordered, feedback, outcome, spec)
     places = [place(event) for event in ordered]
     summarised = {p.parent_turn_id for p in places if p.boundary == "summary" and p.parent_turn_id is not None}
-    spec_hash = spec.spec_hash
     samples: list[Sample] = []
     shared: list[AgentCredit] = []  # the first turn's, validated: the others copy its trajectory figures
     for event, turn in zip(ordered, places, strict=True):
@@ -254,33 +253,16 @@ def trajectory_samples(
         if outcome is not None:
             sources.add(outcome.event_id)
         samples.append(
-            Sample(
-                sample_id=sample_id_for(payload.generation_id, spec_hash),
-                schema_version=SAMPLE_SCHEMA_VERSION,
-                generation_id=payload.generation_id,
-                policy_version=payload.policy_version,
-                model=payload.model,
-                tokenizer=tokenizer,
-                prompt=payload.prompt,
-                completion=payload.completion,
-                prompt_token_ids=payload.prompt_token_ids,
-                completion_token_ids=payload.completion_token_ids,
-                behaviour_logprobs=payload.completion_logprobs,
-                loss_mask=loss_mask_for(payload),
+            served_sample(
+                event,
+                spec,
                 reward=credit.reward,
                 components=credit.components,
-                source_event_ids=sorted(sources),  # UUIDs sort as their strings do
-                spec_version=spec.version,
-                spec_hash=spec_hash,
-                session_id=event.session_id,
-                user_id=event.user_id,
-                tenant=event.tenant,
-                surface=payload.surface,
-                task_kind=payload.task_kind,
+                sources=sources,
                 finalised_by=credit.finalised_by,
                 deferral=deferral,
                 invalid_tool_calls=invalid,
-                generated_at=event.ts,
+                tokenizer=tokenizer,
                 agent=_agent_credit(credit, turn, turn.turn_id in summarised, shared),
             )
         )
