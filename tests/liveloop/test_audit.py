@@ -16,6 +16,7 @@ import yaml
 from psycopg import sql
 from typer.testing import CliRunner
 
+from distill.samples import SAMPLE_SCHEMA_VERSION
 from infra.settings import TopicSpec
 from infra.stack import Endpoints
 from infra.topics import ensure_topics
@@ -214,7 +215,7 @@ def test_export_is_read_by_pandas_with_postgres_row_counts(data: AuditData, tmp_
     assert PRIVATE_SAMPLE_SESSION not in set(samples["session_id"])
     assert PRIVATE_SESSION not in set(events["session_id"])
     metadata = pq.read_schema(next((tmp_path / "samples").rglob("*.parquet"))).metadata
-    assert metadata[b"liveloop.schema_version"] == b"1"
+    assert metadata[b"liveloop.schema_version"] == str(SAMPLE_SCHEMA_VERSION).encode()
     assert metadata[b"liveloop.table"] == b"samples"
 
     empty = _cli(data, "export", "--from", "2026-11-04", "--to", "2026-11-03", "--out", str(tmp_path / "x"))
