@@ -12,6 +12,7 @@ from datetime import datetime
 from typing import Any
 
 import psycopg
+from psycopg import sql
 from psycopg.rows import dict_row
 
 HISTORY_ACTIONS = ("promote", "rollback", "reject")
@@ -120,10 +121,10 @@ def history(
         params.append(filters.before_id)
     params.append(limit)
     # The clauses are fixed strings of this module; only the values are parameters.
-    query = (
+    query = sql.SQL(
         "SELECT id, action, from_version, to_version, actor, reason, evaluation_id, at FROM promotions "
-        f"WHERE {' AND '.join(where)} ORDER BY id DESC LIMIT %s"
-    )
+        "WHERE {} ORDER BY id DESC LIMIT %s"
+    ).format(sql.SQL(" AND ").join(sql.SQL(clause) for clause in where))
     return conn.execute(query, params).fetchall()
 
 

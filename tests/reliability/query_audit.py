@@ -150,9 +150,10 @@ class _Scopes(ast.NodeVisitor):
 class _Module:
     """One parsed file: its scopes and what its imported names stand for."""
 
-    def __init__(self, path: str, source: str) -> None:
+    def __init__(self, path: str, source: str, repo: Path | None = None) -> None:
         self.path = path
         self.source = source
+        self.repo = repo
         self.tree = ast.parse(source, filename=path)
         self.scopes = _Scopes()
         self.scopes.visit(self.tree)
@@ -198,7 +199,11 @@ class _Module:
             return self._call_kind(node, seen)
         if isinstance(node, ast.Name):
             return self._name_kind(node, seen)
-        return Kind.UNSAFE  # f-strings, subscripts, attributes, ...
+        if isinstance(node, ast.JoinedStr):  # an f-string of literals only (constants joined at import) is one too
+            values = [v for v in node.values if isinstance(v, ast.FormattedValue)]
+            plain = all(v.conversion == -1 and v.format_spec is None for v in values)
+            return Kind.STR if plain and all(self.kind(v.value, seen) == Kind.STR for v in values) else Kind.UNSAFE
+        return Kind.UNSAFE  # other f-strings, subscripts, attributes, ...
 
     def _call_kind(self, node: ast.Call, seen: frozenset[str]) -> Kind:
         name = self.qualified(node.func) or ""
@@ -217,6 +222,9 @@ class _Module:
     def _name_kind(self, node: ast.Name, seen: frozenset[str]) -> Kind:
         if node.id in seen:
             return Kind.UNSAFE
+        imported = self._imported_constant(node.id)
+        if imported is not None:
+            return imported
         scope: ast.AST | None = self.scopes.scope_of.get(node)
         while scope is not None:
             bindings = self.scopes.bindings[scope].get(node.id)
@@ -224,6 +232,22 @@ class _Module:
                 return _combine(self._binding_kind(how, value, seen | {node.id}) for how, value in bindings)
             scope = self.scopes.parent_scope[scope]
         return Kind.UNSAFE  # a builtin or an undefined name
+
+    def _imported_constant(self, name: str) -> Kind | None:
+        """The kind of a name imported from another module of the audited packages (a query constant shared between
+        modules), by that module's own top-level binding; None for any other name."""
+        qualified = self.imports.get(name)
+        if self.repo is None or qualified is None or qualified.split(".")[0] not in PACKAGES:
+            return None
+        module_path, _, attribute = qualified.rpartition(".")
+        file = self.repo / (module_path.replace(".", "/") + ".py")
+        if not file.is_file():
+            return None
+        other = _Module(file.relative_to(self.repo).as_posix(), file.read_text(encoding="utf-8"), self.repo)
+        bindings = other.scopes.bindings[other.tree].get(attribute)
+        if not bindings:
+            return Kind.UNSAFE
+        return _combine(other._binding_kind(how, value, frozenset({attribute})) for how, value in bindings)
 
     def _binding_kind(self, how: str, value: ast.expr, seen: frozenset[str]) -> Kind:
         if how == "value":
@@ -294,7 +318,7 @@ def audit(repo: Path, packages: Iterable[str] = PACKAGES) -> tuple[list[QuerySit
     sites: list[QuerySite] = []
     violations: list[Violation] = []
     for path in package_files(repo, packages):
-        module = _Module(path.relative_to(repo).as_posix(), path.read_text(encoding="utf-8"))
+        module = _Module(path.relative_to(repo).as_posix(), path.read_text(encoding="utf-8"), repo)
         for site, violation in module.sites():
             sites.append(site)
             if violation is not None:
