@@ -21,7 +21,7 @@ from fastapi.templating import Jinja2Templates
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
 
 from infra.credentials import load_credentials
-from infra.errors import CredentialsError
+from infra.errors import CredentialsError, LiveloopError
 from infra.registry import Registry
 from liveloop.dashboard.auth import COOKIE_NAME, Session, SessionSigner, role_of_key, valid_name
 from liveloop.dashboard.overview import Overview
@@ -35,7 +35,7 @@ _STATIC = {"dashboard.css": "text/css", "overview.js": "text/javascript"}
 _CSP = "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'; form-action 'self'; base-uri 'none'"
 
 
-class NotSignedIn(Exception):
+class NotSignedIn(LiveloopError):
     """The request has no signed-in session (a page redirects to sign-in, JSON answers 401)."""
 
 
