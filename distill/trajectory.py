@@ -274,31 +274,28 @@ def _agent_credit(
 ) -> AgentCredit:
     """The turn's :class:`AgentCredit`. The trajectory's figures are validated once, for its first turn; the
     others copy them with their own place, whose fields their validated :class:`TurnPlace` already checked."""
+    own = {
+        "turn_id": turn.turn_id,
+        "agent": turn.agent,
+        "agent_id": turn.agent_id,
+        "stage": turn.stage,
+        "boundary": turn.boundary,
+        "summary_turn": summary_turn,
+    }
     if shared:
-        own = {
-            "turn_id": turn.turn_id,
-            "agent": turn.agent,
-            "agent_id": turn.agent_id,
-            "stage": turn.stage,
-            "boundary": turn.boundary,
-            "summary_turn": summary_turn,
-        }
         return shared[0].model_copy(update=own)
-    first = AgentCredit(
-        trajectory_id=credit.trajectory_id,
-        turn_id=turn.turn_id,
-        agent=turn.agent,
-        agent_id=turn.agent_id,
-        stage=turn.stage,
-        boundary=turn.boundary,
-        summary_turn=summary_turn,
-        frozen=False,
-        trajectory_turns=credit.trainable_turns,
-        critical_steps=credit.critical_steps,
-        r_perf=credit.r_perf,
-        r_parallel=credit.r_parallel,
-        r_finish=credit.r_finish,
-        guards=credit.guards,
+    first = AgentCredit.model_validate(
+        {
+            **own,
+            "trajectory_id": credit.trajectory_id,
+            "frozen": False,
+            "trajectory_turns": credit.trainable_turns,
+            "critical_steps": credit.critical_steps,
+            "r_perf": credit.r_perf,
+            "r_parallel": credit.r_parallel,
+            "r_finish": credit.r_finish,
+            "guards": credit.guards,
+        }
     )
     shared.append(first)
     return first
