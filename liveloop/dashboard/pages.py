@@ -59,9 +59,8 @@ def add_routes(app: FastAPI, dash: Dashboard) -> None:
             if row is None:
                 message = f"{dash.settings.model_name} has no checkpoint with version {version}."
                 return dash.page(request, "error.html", session, 404, title="No such checkpoint", message=message)
-            all_rows = store.checkpoints(conn, dash.settings.model_name)
-            versions = sorted(r["version"] for r in all_rows if r["version"] is not None)
-            series = store.by_version(conn, versions)
+            # Only the versions: the whole listing (lineage, offsets, evaluations) is the checkpoints page's.
+            series = store.by_version(conn, store.versions(conn, dash.settings.model_name))
         keys = sorted({key for s in series for key in s["components"]})
         charts = [
             line_chart("mean reward by version", [(f"v{s['version']}", s["reward"]) for s in series]),
