@@ -42,7 +42,7 @@ def add_routes(app: FastAPI, dash: Dashboard) -> None:
             version=version,
             reason="",
             message=None,
-            champion=dash.promoter.champion(),
+            models=dash.overview.models(),
         )
 
     @app.post("/actions/{action}")
@@ -78,12 +78,13 @@ def add_routes(app: FastAPI, dash: Dashboard) -> None:
                 version=version_text,
                 reason=reason,
                 message=" ".join(problems),
-                champion=await run_in_threadpool(dash.promoter.champion),
+                models=await run_in_threadpool(dash.overview.models),
             )
         try:
             event = await run_in_threadpool(_do, dash, action, int(version_text or 0), session.name, reason)
         except ServingError as exc:
             dash.actions.labels(action, "failed").inc()
+            await run_in_threadpool(dash.overview.refresh)  # the refusal may come from a move made elsewhere
             return dash.page(
                 request,
                 "confirm.html",
@@ -93,9 +94,11 @@ def add_routes(app: FastAPI, dash: Dashboard) -> None:
                 version=version_text,
                 reason=reason,
                 message=f"{action} refused: {exc}",
-                champion=await run_in_threadpool(dash.promoter.champion),
+                models=await run_in_threadpool(dash.overview.models),
             )
         dash.actions.labels(action, "done").inc()
+        # Read MLflow again before answering, so the operator's next page shows the champion they just made.
+        await run_in_threadpool(dash.overview.refresh)
         return RedirectResponse(f"/history?done={event.history_id}", status_code=303)
 
 

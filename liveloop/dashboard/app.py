@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 
 from infra.credentials import load_credentials
 from infra.errors import CredentialsError, LiveloopError
@@ -117,7 +118,16 @@ def create_app(settings: DashboardSettings, dsn: str) -> FastAPI:
             topic=settings.promotions_topic,
             model_name=settings.model_name,
         ),
-        overview=Overview(settings, dsn),
+        overview=Overview(
+            settings,
+            dsn,
+            Histogram(
+                "liveloop_dashboard_refresh_seconds",
+                "Time to read the overview (MLflow's aliases, components, lag), in the background or after an action.",
+                buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30),
+                registry=registry,
+            ),
+        ),
         templates=Jinja2Templates(directory=str(HERE / "templates")),
         requests=Counter(
             "liveloop_dashboard_requests",
@@ -136,8 +146,13 @@ def create_app(settings: DashboardSettings, dsn: str) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        yield
-        dash.promoter.close()
+        # The overview is read in the background from the start, so that no page waits on MLflow.
+        dash.overview.start()
+        try:
+            yield
+        finally:
+            await run_in_threadpool(dash.overview.stop)
+            dash.promoter.close()
 
     app = FastAPI(title="liveloop dashboard", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
     app.state.dashboard = dash

@@ -1,7 +1,8 @@
 """The pages: overview (and its JSON), checkpoints, one checkpoint, the promotion history.
 
-Handlers are plain ``def``: FastAPI runs them in its thread pool, where the blocking PostgreSQL and
-MLflow calls belong.
+Handlers are plain ``def``: FastAPI runs them in its thread pool, where the blocking PostgreSQL calls
+belong. What MLflow and the components say comes from the overview's background snapshot, never from a
+request of a page's own (:mod:`liveloop.dashboard.overview`).
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ def add_routes(app: FastAPI, dash: Dashboard) -> None:
     @app.get("/checkpoints", response_class=HTMLResponse)
     def checkpoints(request: Request) -> Response:
         session = dash.signed_in(request)
-        models = _models(dash)
+        models = dash.overview.models()
         with store.connect(dash.dsn) as conn:
             rows = store.checkpoints(conn, dash.settings.model_name)
         return dash.page(request, "checkpoints.html", session, rows=rows, models=models, figures=GATE_FIGURES)
@@ -53,15 +54,13 @@ def add_routes(app: FastAPI, dash: Dashboard) -> None:
     @app.get("/checkpoints/{version}", response_class=HTMLResponse)
     def checkpoint(request: Request, version: int) -> Response:
         session = dash.signed_in(request)
-        models = _models(dash)
         with store.connect(dash.dsn) as conn:
             row = store.checkpoint(conn, dash.settings.model_name, version)
             if row is None:
                 message = f"{dash.settings.model_name} has no checkpoint with version {version}."
                 return dash.page(request, "error.html", session, 404, title="No such checkpoint", message=message)
-            all_rows = store.checkpoints(conn, dash.settings.model_name)
-            versions = sorted(r["version"] for r in all_rows if r["version"] is not None)
-            series = store.by_version(conn, versions)
+            # Only the versions: the whole listing (lineage, offsets, evaluations) is the checkpoints page's.
+            series = store.by_version(conn, store.versions(conn, dash.settings.model_name))
         keys = sorted({key for s in series for key in s["components"]})
         charts = [
             line_chart("mean reward by version", [(f"v{s['version']}", s["reward"]) for s in series]),
@@ -76,7 +75,6 @@ def add_routes(app: FastAPI, dash: Dashboard) -> None:
             "checkpoint.html",
             session,
             row=row,
-            models=models,
             figures=GATE_FIGURES,
             series=series,
             keys=keys,
@@ -105,10 +103,6 @@ def add_routes(app: FastAPI, dash: Dashboard) -> None:
             more=more,
             actions=store.HISTORY_ACTIONS,
         )
-
-
-def _models(dash: Dashboard) -> dict[str, Any]:
-    return dash.overview.models.get()
 
 
 def _jsonable(value: Any) -> Any:

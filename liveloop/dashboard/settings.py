@@ -63,11 +63,14 @@ class DashboardSettings(LiveloopSettings):
         min_length=32,
         description="Key that signs session cookies; unset: a random one per process (a restart signs everyone out).",
     )
-    overview_cache_s: float = Field(
-        default=1.0,
-        ge=0,
+    refresh_s: float = Field(
+        default=2.0,
+        ge=0.5,
         le=60,
-        description="The overview's figures are computed at most this often, however many browsers poll.",
+        description=(
+            "Seconds between background reads of MLflow's aliases, the components and Kafka's lag; pages show the "
+            "latest read and its age, and an action re-reads at once (the overview page polls every 2 s)."
+        ),
     )
     history_page_size: int = Field(default=100, ge=10, le=1000, description="Rows per page of the history.")
     components: list[ComponentProbe] = Field(

@@ -69,6 +69,16 @@ def checkpoint(conn: psycopg.Connection[dict[str, Any]], model_name: str, versio
     return row
 
 
+def versions(conn: psycopg.Connection[dict[str, Any]], model_name: str) -> list[int]:
+    """The model versions of ``model_name``'s checkpoints, oldest first (the charts' x axis)."""
+    rows = conn.execute(
+        "SELECT model_version FROM checkpoints WHERE model_name = %s AND model_version IS NOT NULL "
+        "ORDER BY model_version",
+        (model_name,),
+    ).fetchall()
+    return [int(row["model_version"]) for row in rows]
+
+
 def by_version(conn: psycopg.Connection[dict[str, Any]], versions: list[int]) -> list[dict[str, Any]]:
     """Per policy version of ``versions``: samples, mean reward, acceptance, and the mean of each reward component.
 

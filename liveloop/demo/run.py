@@ -138,17 +138,30 @@ def _run(stack: Stack, options: DemoOptions, console: Console) -> DemoReport:
         report = collect_report(stack, summary, options.profile, options.minutes, base_version, leaks)
         write_report(report, summary, options.report_dir)
     finally:
-        if options.keep_running:
-            console.print(
-                f"the loop keeps running from {options.state_dir}: `liveloop status` and `liveloop down` in this "
-                f"folder find it; its keys are in {stack.settings.credentials_path}"
-            )
-            console.print(sign_in_hint(stack.settings.credentials_path))
-        else:
-            console.print(f"stopping the loop (its data stays in {options.state_dir} until the next demo)")
-            stack.down()
-            clear_mark(stack.settings)
+        finish(stack, options, console)
     return report
+
+
+def finish(stack: Stack, options: DemoOptions, console: Console) -> None:
+    """The demo's last step, once the simulation is over (or failed): with ``keep_running``, say where the
+    loop runs and how to reach its dashboard (:func:`keep_running_lines`); otherwise stop the loop."""
+    if options.keep_running:
+        for line in keep_running_lines(options.state_dir, stack.settings.credentials_path):
+            console.print(line)
+    else:
+        console.print(f"stopping the loop (its data stays in {options.state_dir} until the next demo)")
+        stack.down()
+        clear_mark(stack.settings)
+
+
+def keep_running_lines(state_dir: Path, credentials_path: Path) -> list[str]:
+    """What ``demo --keep-running`` prints at the end: where the loop's state is and how to find and stop it,
+    then the ops dashboard's address and which key of ``credentials_path`` signs in (never a key itself)."""
+    return [
+        f"the loop keeps running from {state_dir}: `liveloop status` and `liveloop down` in this "
+        f"folder find it; its keys are in {credentials_path}",
+        sign_in_hint(credentials_path),
+    ]
 
 
 def _ingest_url() -> str:

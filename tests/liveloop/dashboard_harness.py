@@ -102,14 +102,15 @@ def seed_checkpoints(dsn: str, model_name: str, versions: list[int], samples_per
 def serve_dashboard(
     endpoints: Endpoints, dsn: str, credentials_path: Path, model_name: str, promotions_topic: str, **more: object
 ) -> Iterator[Served]:
-    """The dashboard app under uvicorn in a thread, on a free port, over the test stack's services."""
+    """The dashboard app under uvicorn in a thread, on a free port, over the test stack's services; its
+    settings are the production defaults (the overview read in the background every ``refresh_s``) but
+    for what ``more`` sets."""
     settings = DashboardSettings(
         credentials_path=credentials_path,
         model_name=model_name,
         mlflow_url=endpoints.mlflow_url,
         bootstrap=endpoints.kafka_bootstrap,
         promotions_topic=promotions_topic,
-        overview_cache_s=0,
         **more,  # type: ignore[arg-type]
     )
     with serve_in_thread(create_app(settings, dsn), free_port()) as url:

@@ -40,7 +40,11 @@ def loop(
         registry=registry, dsn=fresh_database, bootstrap=endpoints.kafka_bootstrap, topic=topic, model_name=name
     ).promote(1, actor="liveloop learner init-base", reason="base model")
     registry.set_alias(name, CANDIDATE, 3)
-    with serve_dashboard(endpoints, fresh_database, stack.settings.credentials_path, name, topic) as served:
+    # The background read every minute only: within a test, what the pages show of MLflow is the first read's
+    # or the one an action made, so a page that shows an action's result shows that the action re-read.
+    with serve_dashboard(
+        endpoints, fresh_database, stack.settings.credentials_path, name, topic, refresh_s=60
+    ) as served:
         yield served
 
 
@@ -133,6 +137,9 @@ def test_operator_promotes_and_rolls_back_as_the_cli_records(loop: Served, stack
         assert _champion(loop) == 3
         history = client.get(done.headers["location"])
         assert "better reward" in history.text
+        # The action read MLflow again before answering: the next pages show the new champion at once.
+        assert client.get("/overview.json").json()["models"]["champion"]["version"] == 3
+        assert '<strong id="champion">v3</strong>' in client.get("/checkpoints").text
         again = client.post("/actions/promote", data={**fields, "csrf": token})
         assert again.status_code == 409
         assert "already the champion" in again.text
@@ -140,6 +147,7 @@ def test_operator_promotes_and_rolls_back_as_the_cli_records(loop: Served, stack
         back = client.post("/actions/rollback", data={"csrf": token, "reason": "users complain", "confirm": "yes"})
         assert back.status_code == 303, back.text
         assert _champion(loop) == 1
+        assert '<strong id="champion">v1</strong>' in client.get("/actions/promote?version=3").text
         filtered = client.get("/history?action=rollback")
         assert "users complain" in filtered.text
         assert "better reward" not in filtered.text

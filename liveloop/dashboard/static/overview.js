@@ -12,7 +12,8 @@
   }
   function render(doc) {
     var t = doc.throughput || {};
-    text("updated", doc.at);
+    text("updated", doc.loading ? "loading: the first read of MLflow and the components is under way" : doc.at);
+    text("age", doc.age_s === null || doc.age_s === undefined ? "?" : doc.age_s);
     text("events-per-s", t.events_per_s);
     text("samples-per-s", t.samples_per_s);
     text("dead-letters", t.dead_letters === undefined ? null : t.dead_letters + " (" + t.dead_letters_recent + ")");
