@@ -9,7 +9,7 @@ import psycopg
 import pytest
 
 from infra.errors import MigrationError
-from infra.migrations import MIGRATIONS_DIR, migrate
+from infra.migrations import MIGRATIONS_DIR, load_migrations, migrate
 
 _SCHEMA = """
 SELECT table_name, column_name, data_type, is_nullable, coalesce(column_default, '')
@@ -29,11 +29,12 @@ def _schema(dsn: str) -> tuple[list[tuple[object, ...]], ...]:
 
 def test_migrations_run_twice_and_leave_the_same_schema(fresh_database: str) -> None:
     first = migrate(fresh_database)
-    assert first == [1]
+    assert first == [m.version for m in load_migrations()] == [1, 2]
     schema = _schema(fresh_database)
     tables = {row[0] for row in schema[0]}
     assert {"events", "dead_letters", "samples", "sample_events", "checkpoints", "checkpoint_offsets",
             "checkpoint_samples", "evaluations", "promotions", "late_feedback", "reward_specs"} <= tables  # fmt: skip
+    assert "samples_policy_version" in {row[0] for row in schema[2]}  # 0002: the per-version summaries' index
     assert migrate(fresh_database) == []
     assert _schema(fresh_database) == schema
 
@@ -57,7 +58,7 @@ def test_a_failing_migration_applies_nothing_of_itself(fresh_database: str, tmp_
     with psycopg.connect(fresh_database) as conn:
         assert conn.execute("SELECT to_regclass('half_done')").fetchone() == (None,)
         versions = [r[0] for r in conn.execute("SELECT version FROM schema_migrations ORDER BY 1")]
-    assert versions == [1]
+    assert versions == [m.version for m in load_migrations()]  # every good one, none of the broken one
 
 
 def test_lineage_leads_from_checkpoint_to_samples_to_events(fresh_database: str) -> None:
