@@ -38,7 +38,8 @@ from distill.samples import Sample, parse_sample, sample_to_json
 from distill.sessions import finalised_by
 from distill.spec import RewardSpec
 from distill.trajectory import trajectory_samples
-from ingest.events import Event, GenerationEvent, SessionEndedEvent, TrajectoryOutcomeEvent, parse_event
+from ingest.archive_reads import archived_event
+from ingest.events import Event, GenerationEvent, SessionEndedEvent, TrajectoryOutcomeEvent
 
 LISTED = 10
 """How many sample ids of each kind of difference a report names."""
@@ -193,7 +194,7 @@ def replay_from_database(
                 cursor.execute(_EVENTS_ALL if everything else _EVENTS_IN_SESSIONS, params)
                 for _, rows in itertools.groupby(cursor, key=lambda row: row[0]):
                     sessions += 1
-                    events = [parse_event(body) for _, body in rows]
+                    events = [archived_event(body) for _, body in rows]
                     for sample in replay_session(events, late, spec, now=now):
                         replayed[sample.sample_id] = sample_to_json(sample)
     except psycopg.Error as exc:

@@ -350,11 +350,11 @@ def _compare_session(
             _note(result, {"kind": "missing_in_stream", **_side("replayed", sample)}, on_difference)
             continue
         result.compared += 1
-        deltas = _component_deltas(before, sample)
         if _same(before, sample, result.recorded_spec_hash == result.replay_spec_hash):
             result.identical += 1
             continue
         result.differing += 1
+        deltas = _component_deltas(before, sample)  # only here: nearly every generation is identical
         for name, delta in deltas.items():
             result.component_deltas.setdefault(name, ComponentDelta()).add(delta)
         record = {

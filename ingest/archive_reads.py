@@ -23,7 +23,7 @@ from typing import Any
 
 import psycopg
 
-from ingest.events import Event, parse_event
+from ingest.events import EVENT_ADAPTER, MAX_EVENT_BYTES, Event, parse_event
 
 BATCH_ROWS = 2_000
 """Rows a server-side cursor fetches per round trip: large enough to amortise it, small enough to stay bounded."""
@@ -81,7 +81,24 @@ def session_events(
         cursor.itersize = batch_rows
         cursor.execute(_EVENTS if session_ids is None else _EVENTS_OF, params)
         for session_id, rows in itertools.groupby(cursor, key=lambda row: row[0]):
-            yield session_id, [parse_event(body) for _, body in rows]
+            yield session_id, [archived_event(body) for _, body in rows]
+
+
+def archived_event(body: str | bytes) -> Event:
+    """One archived event from ``events.body``: the event :func:`ingest.events.parse_event` reads from it.
+
+    Validated by pydantic straight from the JSON text, several times faster than parse_event, which decodes
+    it into dicts first (replay reads every event of a range). What parse_event checks beyond the models
+    cannot occur in this text: ``jsonb`` holds no duplicate key, no ``\\u0000`` and no NaN, and no event
+    of the contract nests anywhere near ``MAX_JSON_DEPTH`` (no field takes free-form JSON). Anything this
+    path refuses, or that is over the size limit, gets parse_event's own verdict and reason.
+    """
+    if len(body) <= MAX_EVENT_BYTES:
+        try:
+            return EVENT_ADAPTER.validate_json(body)
+        except ValueError:  # pydantic's ValidationError is one
+            pass
+    return parse_event(body)
 
 
 def event_rows(

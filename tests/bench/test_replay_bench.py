@@ -61,14 +61,20 @@ _SCAN = f"""
     ORDER BY session_id COLLATE "C", kafka_partition, kafka_offset
 """
 _PEAK = """
-import json, resource, sys
+import json, sys
 from datetime import datetime
 from distill.replay_range import compare_range
+
+def status(name):
+    # /proc's VmHWM is this process's own high-water mark. getrusage's ru_maxrss is not: it keeps the one of
+    # the process that forked this one (pytest's, hundreds of MB), which hid any growth behind it.
+    with open("/proc/self/status") as lines:
+        return next(int(line.split()[1]) for line in lines if line.startswith(name + ":"))
+
 dsn, start, end = sys.argv[1], datetime.fromisoformat(sys.argv[2]), datetime.fromisoformat(sys.argv[3])
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+before = status("VmRSS")
 result = compare_range(dsn, start, end)
-after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-print(json.dumps({"sessions": result.sessions, "rss_before_kb": before, "rss_peak_kb": after}))
+print(json.dumps({"sessions": result.sessions, "rss_before_kb": before, "rss_peak_kb": status("VmHWM")}))
 """
 
 
@@ -149,7 +155,7 @@ def _timed(run: Any) -> tuple[float, Any]:
 
 
 def _peak(dsn: str, events: int) -> dict[str, Any]:
-    """Peak RSS of a fresh process replaying the first ``events`` events (imports included in both numbers)."""
+    """Peak RSS (VmHWM) of a fresh process replaying the first ``events`` events, and its RSS after the imports."""
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     argv = [sys.executable, "-c", _PEAK, dsn, START.isoformat(), _end_of(events).isoformat()]
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=3600, check=True)

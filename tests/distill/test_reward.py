@@ -111,6 +111,16 @@ def test_sample_json_round_trips_and_bad_bytes_are_invalid() -> None:
         parse_sample(b"{not json")
 
 
+def test_source_event_ids_out_of_order_or_repeated_are_invalid() -> None:
+    data = json.loads(sample_to_json(score_golden(GOLDEN[3])))
+    ids = data["source_event_ids"]
+    assert len(ids) >= 2
+    for wrong in (ids[::-1], [*ids, ids[-1]], [ids[0], *ids]):
+        with pytest.raises(InvalidSample, match="unique and sorted"):
+            parse_sample(json.dumps(data | {"source_event_ids": wrong}))
+    assert parse_sample(json.dumps(data)).source_event_ids == sorted(parse_sample(json.dumps(data)).source_event_ids)
+
+
 def test_is_late_at_the_window_boundary() -> None:
     gen = cast(GenerationEvent, parse_event(generation()))
     on_time = parse_event(feedback(1, "tests.result", 1800, passed=1, failed=0))
