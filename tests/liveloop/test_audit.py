@@ -92,6 +92,10 @@ def test_audit_checkpoint_accounts_for_exactly_what_its_offset_ranges_hold(data:
             name: sum(1 for s in trained if name in s.components) for name in {n for s in trained for n in s.components}
         }
 
+    # Every sample trained once, except the two the held-out rule keeps for the gate (sessions 1 and 9).
+    trained_sessions = {s.session_id for s in data.samples for ids in data.trained.values() if s.sample_id in ids}
+    assert {s.session_id for s in data.samples} - trained_sessions == {session_id(1), session_id(9)}
+
     last = json.loads(_cli(data, "audit", "checkpoint", "5", "--json").stdout)
     assert [e["decision"] for e in last["evaluations"]] == ["promote"]
     assert [(p["action"], p["actor"]) for p in last["promotions"]] == [
