@@ -7,9 +7,11 @@ spec a sample matches only bit for bit; under another spec (a new weight, say) s
 fields differ by construction, so a generation differs when its reward, a component, or any other field
 of the sample differs.
 
-Memory stays bounded however long the range: the archived events (:func:`ingest.archive_reads.session_events`),
+Memory stays bounded however long the range: the archived events (:func:`ingest.archive_reads.session_bodies`),
 the recorded samples and the feedback the stream recorded as late stream in side by side through three
-server-side cursors, all ordered by session id in byte order, and are merged one session at a time.
+server-side cursors, all ordered by session id in byte order, and are merged one session at a time. This
+process only reads; worker processes parse, replay and compare pieces of a few thousand events (a replay is
+CPU-bound in Python), and their outcomes are merged in reading order.
 Distributions are kept as running moments and fixed-bin histograms over the specs' clip ranges; the
 differing generations go to a caller's callback (the command line writes them to a file), and only the
 first :data:`distill.replay.LISTED` stay in the result.
@@ -19,7 +21,12 @@ from __future__ import annotations
 
 import itertools
 import math
+import multiprocessing
+import os
+from collections import deque
 from collections.abc import Callable, Collection, Iterable
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Generic, TypeVar
@@ -31,12 +38,19 @@ from distill.errors import AuditStoreUnavailable
 from distill.replay import LISTED, ReplayFailed, replay_session, stored_sample
 from distill.samples import Sample, sample_to_json
 from distill.spec import RewardSpec, parse_spec
-from ingest.archive_reads import BATCH_ROWS, PRIVATE_SESSIONS, SESSIONS_IN_RANGE, session_events
+from ingest.archive_reads import BATCH_ROWS, PRIVATE_SESSIONS, SESSIONS_IN_RANGE, archived_event, session_bodies
 
 T = TypeVar("T")
 
 BINS = 20
 """Bins of each reward histogram, spread evenly over the union of both specs' clip ranges."""
+
+MAX_WORKERS = 8
+"""The most worker processes :func:`default_workers` picks: PostgreSQL and the reading process need cores too."""
+
+CHUNK_EVENTS = 2_000
+"""About how many events a worker replays per piece of work: enough that sending it over costs little beside
+replaying it, few enough that the pieces in flight (at most two per worker) keep memory bounded."""
 
 _RECORDED_HASHES = f"""
     SELECT spec_hash, count(*) FROM samples WHERE session_id IN ({SESSIONS_IN_RANGE})
@@ -87,6 +101,17 @@ class Moments:
         width = (self.high - self.low) / BINS
         self.histogram[min(max(int((value - self.low) // width), 0), BINS - 1)] += 1
 
+    def merge(self, other: Moments) -> None:
+        """Take in every value ``other`` took (same bins): Chan et al.'s pairwise update of the mean and variance."""
+        if not other.count:
+            return
+        total = self.count + other.count
+        delta = other.mean - self.mean
+        self.mean += delta * other.count / total
+        self._m2 += other._m2 + delta * delta * self.count * other.count / total
+        self.count = total
+        self.histogram = [mine + theirs for mine, theirs in zip(self.histogram, other.histogram, strict=True)]
+
     @property
     def std(self) -> float:
         """Population standard deviation (0 for fewer than two values)."""
@@ -112,6 +137,13 @@ class ComponentDelta:
         self.total += delta
         self.smallest = min(self.smallest, delta)
         self.largest = max(self.largest, delta)
+
+    def merge(self, other: ComponentDelta) -> None:
+        """Take in every generation ``other`` counted."""
+        self.changed += other.changed
+        self.total += other.total
+        self.smallest = min(self.smallest, other.smallest)
+        self.largest = max(self.largest, other.largest)
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready: generations changed, the sum, mean, smallest and largest delta."""
@@ -141,6 +173,28 @@ class RangeComparison:
     replayed_rewards: Moments = field(default_factory=lambda: Moments(-1.0, 1.0))
     listed: list[dict[str, Any]] = field(default_factory=list)
 
+    def empty_like(self) -> RangeComparison:
+        """A comparison of the same range, specs and bins with nothing counted yet (a worker's share)."""
+        recorded, replayed = self.recorded_rewards, self.replayed_rewards
+        return RangeComparison(
+            start=self.start,
+            end=self.end,
+            recorded_spec_hash=self.recorded_spec_hash,
+            replay_spec_hash=self.replay_spec_hash,
+            recorded_rewards=Moments(recorded.low, recorded.high),
+            replayed_rewards=Moments(replayed.low, replayed.high),
+        )
+
+    def absorb(self, share: RangeComparison) -> None:
+        """Add the counts, component deltas and distributions of ``share`` (one of :meth:`empty_like`'s) to these;
+        its listed differences are not taken: the caller notes each of them in order."""
+        for name in _COUNTS:
+            setattr(self, name, getattr(self, name) + getattr(share, name))
+        for name, delta in share.component_deltas.items():
+            self.component_deltas.setdefault(name, ComponentDelta()).merge(delta)
+        self.recorded_rewards.merge(share.recorded_rewards)
+        self.replayed_rewards.merge(share.replayed_rewards)
+
     @property
     def no_differences(self) -> bool:
         """Whether every generation was found on both sides and re-derived exactly as recorded."""
@@ -168,6 +222,17 @@ class RangeComparison:
             },
             "first_differences": self.listed,
         }
+
+
+_COUNTS = (
+    *("sessions", "recorded", "replayed", "compared", "identical", "differing"),
+    *("missing_in_stream", "missing_in_replay"),
+)
+
+
+def default_workers() -> int:
+    """How many processes a replay uses unless told: one per core, at most :data:`MAX_WORKERS`."""
+    return max(1, min(os.cpu_count() or 1, MAX_WORKERS))
 
 
 def total_variation(first: list[int], second: list[int]) -> float:
@@ -215,6 +280,7 @@ def compare_range(
     on_replayed: Callable[[Sample], None] | None = None,
     now: datetime | None = None,
     batch_rows: int = BATCH_ROWS,
+    workers: int | None = None,
 ) -> RangeComparison:
     """Replay the sessions with an event in ``[start, end)`` (only ``session_ids``, when given) under ``spec``
     (default: the recorded one) and compare with the samples recorded under the recorded spec.
@@ -222,7 +288,11 @@ def compare_range(
     ``on_difference`` gets every differing generation's record, ``on_session`` the number of events of each
     session read, ``on_replayed`` every re-derived sample (to publish it). A generation whose session has not
     ended and whose windows are open at ``now`` (default: the current time) is not final and is left out.
-    Raises :class:`ReplayFailed` if the store cannot be read.
+
+    This process reads the store; ``workers`` processes (default :func:`default_workers`; 1: this process
+    alone) parse and replay the sessions. Whatever their number, the result, the callbacks and their order
+    are those of a replay in one process. Raises :class:`ReplayFailed` if the store cannot be read or a
+    worker process dies.
     """
     moment = now or datetime.now(UTC)
     params = {"start": start, "end": end, "sessions": list(session_ids or ())}
@@ -243,11 +313,21 @@ def compare_range(
                 recorded_rewards=Moments(low, high),
                 replayed_rewards=Moments(low, high),
             )
+            job = _Job(result.empty_like(), replay, moment, keep_replayed=on_replayed is not None)
 
-            def unreplayed(samples: list[Sample]) -> None:
-                _count_unreplayed(result, samples, on_difference)  # recorded for a session with no archived events
+            def merge(outcome: _Outcome) -> None:
+                result.absorb(outcome.comparison)
+                for record in outcome.differences:
+                    _note(result, record, on_difference)
+                if on_replayed is not None:
+                    for sample in outcome.replayed:
+                        on_replayed(sample)
+                if on_session is not None:
+                    for events in outcome.events_read:
+                        on_session(events)
 
             with (
+                _Replayer(default_workers() if workers is None else workers, job, merge) as replayer,
                 conn.cursor(name="replay_stored_samples") as stored_cursor,
                 conn.cursor(name="replay_late_feedback") as late_cursor,
             ):
@@ -255,38 +335,129 @@ def compare_range(
                 stored_query = _STORED if session_ids is None else _STORED_OF
                 stored_cursor.execute(stored_query, {**params, "hash": recorded.spec_hash})
                 late_cursor.execute(_LATE, params)
-                stored = _BySession(stored_cursor, stored_sample, unreplayed)
+
+                def unreplayed(session_id: str, bodies: list[str]) -> None:
+                    replayer.add(_Session(session_id, [], bodies, []))  # recorded, but no archived events
+
+                stored = _BySession(stored_cursor, str, unreplayed)
                 late = _BySession(late_cursor, _as_uuid)
-                for session_id, events in session_events(conn, start, end, session_ids, batch_rows=batch_rows):
-                    mine = stored.take(session_id)
-                    result.sessions += 1
-                    replayed = replay_session(events, set(late.take(session_id)), replay, now=moment)
-                    _compare_session(result, replayed, mine, on_difference)
-                    if on_replayed is not None:
-                        for sample in replayed:
-                            on_replayed(sample)
-                    if on_session is not None:
-                        on_session(len(events))
+                for session_id, events in session_bodies(conn, start, end, session_ids, batch_rows=batch_rows):
+                    replayer.add(_Session(session_id, events, stored.take(session_id), late.take(session_id)))
                 stored.finish()
+                replayer.finish()
     except psycopg.OperationalError as exc:
         raise AuditStoreUnavailable(f"the audit store did not answer: {exc}; check that PostgreSQL runs") from exc
     except psycopg.Error as exc:
         raise ReplayFailed(f"reading the audit store failed: {exc}; check the DSN and run the migrations") from exc
+    except BrokenProcessPool as exc:
+        raise ReplayFailed(f"a replay worker process died: {exc}; check memory, or run again with one worker") from exc
     return result
+
+
+@dataclass(frozen=True)
+class _Session:
+    """One session as read from the store, not parsed yet: its events' and its recorded samples' JSON texts."""
+
+    session_id: str
+    events: list[str]
+    recorded: list[str]
+    late: list[UUID]
+
+
+@dataclass(frozen=True)
+class _Job:
+    """What every piece of a replay shares: an empty comparison to count into, the spec, the time it runs at."""
+
+    empty: RangeComparison
+    spec: RewardSpec
+    now: datetime
+    keep_replayed: bool
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    """What replaying a piece gave: its counts, its differences in order, its samples if asked for, and the
+    number of events of each of its sessions (for progress)."""
+
+    comparison: RangeComparison
+    differences: list[dict[str, Any]]
+    replayed: list[Sample]
+    events_read: list[int]
+
+
+def _replay_piece(job: _Job, sessions: list[_Session]) -> _Outcome:
+    """Parse and replay ``sessions`` and compare each with its recorded samples (in a worker process, or here)."""
+    comparison = job.empty.empty_like()
+    differences: list[dict[str, Any]] = []
+    kept: list[Sample] = []
+    for session in sessions:
+        events = [archived_event(body) for body in session.events]
+        replayed = replay_session(events, set(session.late), job.spec, now=job.now)
+        comparison.sessions += 1 if events else 0
+        _compare_session(comparison, replayed, [stored_sample(body) for body in session.recorded], differences.append)
+        if job.keep_replayed:
+            kept += replayed
+    return _Outcome(comparison, differences, kept, [len(session.events) for session in sessions if session.events])
+
+
+class _Replayer:
+    """Replays sessions in pieces of about :data:`CHUNK_EVENTS` events, here (one worker) or in a pool of spawned
+    processes, and hands each piece's outcome to ``merge`` in reading order, so that the result does not depend
+    on the number of workers. At most two pieces per worker are in flight: memory stays bounded."""
+
+    def __init__(self, workers: int, job: _Job, merge: Callable[[_Outcome], None]) -> None:
+        self._job, self._merge, self._workers = job, merge, workers
+        # Spawned, not forked: the caller may run threads (a progress bar, a Kafka producer) a fork would copy.
+        context = multiprocessing.get_context("spawn")
+        self._pool = ProcessPoolExecutor(workers, mp_context=context) if workers > 1 else None
+        self._pending: deque[Future[_Outcome]] = deque()
+        self._piece: list[_Session] = []
+        self._piece_events = 0
+
+    def add(self, session: _Session) -> None:
+        """Replay ``session`` (in the next piece)."""
+        self._piece.append(session)
+        self._piece_events += len(session.events) + len(session.recorded)
+        if self._piece_events >= CHUNK_EVENTS:
+            self._send()
+
+    def finish(self) -> None:
+        """Replay what is left and merge every outcome."""
+        self._send()
+        while self._pending:
+            self._merge(self._pending.popleft().result())
+
+    def _send(self) -> None:
+        piece, self._piece, self._piece_events = self._piece, [], 0
+        if not piece:
+            return
+        if self._pool is None:
+            self._merge(_replay_piece(self._job, piece))
+            return
+        self._pending.append(self._pool.submit(_replay_piece, self._job, piece))
+        while len(self._pending) > 2 * self._workers:
+            self._merge(self._pending.popleft().result())
+
+    def __enter__(self) -> _Replayer:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
 
 
 class _BySession(Generic[T]):
     """The rows ``(session_id, value)`` of a cursor ordered by session id in byte order, one session at a time.
 
     :meth:`take` a session's values (converted); the sessions it passes over on the way, which the events
-    stream did not have, go to ``skipped``, and so do those left at the end (:meth:`finish`).
+    stream did not have, go to ``skipped`` (with their ids), and so do those left at the end (:meth:`finish`).
     """
 
     def __init__(
         self,
         rows: Iterable[tuple[Any, ...]],
         convert: Callable[[Any], T],
-        skipped: Callable[[list[T]], None] | None = None,
+        skipped: Callable[[str, list[T]], None] | None = None,
     ) -> None:
         self._groups = (
             (session_id, [convert(row[1]) for row in group])
@@ -313,22 +484,12 @@ class _BySession(Generic[T]):
     def _skip(self) -> None:
         assert self._pending is not None
         if self._skipped is not None:
-            self._skipped(self._pending[1])
+            self._skipped(*self._pending)
         self._pending = next(self._groups, None)
 
 
 def _as_uuid(value: Any) -> UUID:
     return value if isinstance(value, UUID) else UUID(str(value))
-
-
-def _count_unreplayed(
-    result: RangeComparison, samples: list[Sample], on_difference: Callable[[dict[str, Any]], None] | None
-) -> None:
-    for sample in samples:
-        result.recorded += 1
-        result.missing_in_replay += 1
-        result.recorded_rewards.add(sample.reward)
-        _note(result, {"kind": "missing_in_replay", **_side("recorded", sample)}, on_difference)
 
 
 def _compare_session(

@@ -76,12 +76,26 @@ def session_events(
 
     Runs inside a transaction of ``conn`` (a named cursor needs one); the caller's connection stays usable.
     """
+    for session_id, bodies in session_bodies(conn, start, end, session_ids, batch_rows=batch_rows):
+        yield session_id, [archived_event(body) for body in bodies]
+
+
+def session_bodies(
+    conn: psycopg.Connection[Any],
+    start: datetime,
+    end: datetime,
+    session_ids: Collection[str] | None = None,
+    *,
+    batch_rows: int = BATCH_ROWS,
+) -> Iterator[tuple[str, list[str]]]:
+    """:func:`session_events` with each event left as its JSON text, for a caller that parses them elsewhere
+    (parallel replay parses them in its worker processes; :func:`archived_event` reads one)."""
     params = {"start": start, "end": end, "sessions": list(session_ids or ())}
     with conn.cursor(name="archive_session_events") as cursor:
         cursor.itersize = batch_rows
         cursor.execute(_EVENTS if session_ids is None else _EVENTS_OF, params)
         for session_id, rows in itertools.groupby(cursor, key=lambda row: row[0]):
-            yield session_id, [archived_event(body) for _, body in rows]
+            yield session_id, [body for _, body in rows]
 
 
 def archived_event(body: str | bytes) -> Event:

@@ -17,7 +17,7 @@ import typer
 from rich.console import Console
 from rich.progress import Progress
 
-from distill.replay_range import compare_range
+from distill.replay_range import MAX_WORKERS, compare_range
 from distill.samples import Sample, sample_to_json
 from distill.spec import load_spec
 from infra.settings import TopicsSettings
@@ -48,6 +48,16 @@ def replay(
     publish: Annotated[
         str | None,
         typer.Option("--publish", help="Backfill the re-derived samples to this topic (never the live one)."),
+    ] = None,
+    workers: Annotated[
+        int | None,
+        typer.Option(
+            "--workers",
+            min=1,
+            max=MAX_WORKERS,
+            help="Processes that replay (1: this one alone); default: one per core.",
+            show_default=False,
+        ),
     ] = None,
 ) -> None:
     """Replay the sessions with an event in [--from, --to) and report how the re-derived samples differ."""
@@ -83,6 +93,7 @@ def replay(
             on_difference=lambda record: _write_line(differences, record),
             on_session=lambda events: progress.advance(task, events),
             on_replayed=send if producer is not None else None,
+            workers=workers,
         )
     if producer is not None:
         _flush(producer)

@@ -16,7 +16,9 @@ import yaml
 from psycopg import sql
 from typer.testing import CliRunner
 
+from distill import replay_range
 from distill.samples import SAMPLE_SCHEMA_VERSION
+from distill.spec import load_spec
 from infra.settings import TopicSpec
 from infra.stack import Endpoints
 from infra.topics import ensure_topics
@@ -162,13 +164,19 @@ def test_replay_under_the_recorded_spec_reports_no_differences(data: AuditData, 
     assert (counts["sessions"], counts["recorded"], counts["identical"]) == (1, 1, 1)
 
 
-def test_replay_with_one_weight_changed_reports_exactly_its_deltas(data: AuditData, tmp_path: Path) -> None:
+def _accepted_weight_lowered(folder: Path) -> Path:
+    """The default spec with the ``accepted`` weight 0.25 lower (0.75 -> 0.5: no sample reaches the clip either
+    way), written into ``folder``."""
     document = yaml.safe_load(DEFAULT_SPEC_PATH.read_text())
-    old = document["weights"]["accepted"]
-    document["weights"]["accepted"] = old - 0.25  # 0.75 -> 0.5: no sample reaches the clip either way
+    document["weights"]["accepted"] -= 0.25
     document["version"] = "audit-test"
-    spec = tmp_path / "spec.yaml"
+    spec = folder / "spec.yaml"
     spec.write_text(yaml.safe_dump(document))
+    return spec
+
+
+def test_replay_with_one_weight_changed_reports_exactly_its_deltas(data: AuditData, tmp_path: Path) -> None:
+    spec = _accepted_weight_lowered(tmp_path)
     result = _cli(data, "replay", *RANGE, "--spec", str(spec), "--out", str(tmp_path / "out"))
     assert result.exit_code == 0, result.output
     report = json.loads((tmp_path / "out" / "report.json").read_text())
@@ -185,6 +193,42 @@ def test_replay_with_one_weight_changed_reports_exactly_its_deltas(data: AuditDa
     assert all(line["component_deltas"] == {"accepted": -0.25} for line in lines)
     assert all(line["reward_delta"] == pytest.approx(-0.25) for line in lines)
     assert PRIVATE_SAMPLE_SESSION not in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_replay_in_worker_processes_gives_what_one_process_gives(
+    data: AuditData, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three workers taking one session a piece: the same report, differences, progress and samples, in order."""
+    spec = load_spec(_accepted_weight_lowered(tmp_path))
+    monkeypatch.setattr(replay_range, "CHUNK_EVENTS", 1)
+
+    def replay(workers: int) -> tuple[dict[str, Any], list[Any], list[int], list[str]]:
+        differences: list[dict[str, Any]] = []
+        events: list[int] = []
+        samples: list[str] = []
+        result = replay_range.compare_range(
+            data.dsn,
+            START,
+            END,
+            spec,
+            on_difference=differences.append,
+            on_session=events.append,
+            on_replayed=lambda sample: samples.append(sample.sample_id),
+            workers=workers,
+        )
+        return result.as_dict(), differences, events, samples
+
+    alone, shared = replay(1), replay(3)
+    assert len(alone[1]) == data.accepted  # differences whose order can be compared
+    assert len(alone[2]) == 12  # sessions, one piece each
+    assert shared[1:] == alone[1:]
+    report, expected = shared[0], alone[0]
+    distribution, expected_distribution = report.pop("distribution"), expected.pop("distribution")
+    assert report == expected
+    for side in ("recorded", "replayed"):  # merged moments: equal up to rounding
+        merged, serial = distribution[side], expected_distribution[side]
+        assert (merged["count"], merged["histogram"]) == (serial["count"], serial["histogram"])
+        assert (merged["mean"], merged["std"]) == (pytest.approx(serial["mean"]), pytest.approx(serial["std"]))
 
 
 def test_replay_publishes_to_a_replay_topic_and_refuses_the_live_one(
