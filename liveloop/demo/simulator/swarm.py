@@ -400,7 +400,9 @@ def settle(task: SwarmTask, decision: Decision, settings: SwarmSettings = DEFAUL
         runs=runs,
         stages=stages,
         serial_collapse=task.size >= settings.serial_collapse_parts and not helped and bool(own_parts),
-        fake_parallelism=useless > 0 or any(not run.questions for run in runs) or decision.spawned > task.size,
+        # An idle sub-agent, or more sub-agents than parts, needs no rule of its own: a sub-agent is idle exactly
+        # when its spawn gave it nothing useful, and each part is taken once, so a spawn beyond the parts is useless.
+        fake_parallelism=useless > 0,
     )
 
 
