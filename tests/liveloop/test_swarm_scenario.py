@@ -233,6 +233,14 @@ def test_openai_tool_calls_from_the_chat_endpoint_read_like_blocks_in_text() -> 
     # A call the gateway returned for another tool does nothing and counts as invalid here.
     other = read_decision("", [{"function": {"name": "search", "arguments": "{}"}}])
     assert (other.mode, other.invalid_calls) == ("garbled", 1)
+    broken = read_decision("", [{"function": {"name": CREATE_SUBAGENT, "arguments": '["b"]'}}])
+    assert (broken.mode, broken.invalid_calls) == ("garbled", 1)
+    # The bare {"name", "arguments"} shape reads the same, and an id may be written as a string of digits.
+    bare = read_decision(
+        "",
+        [{"name": ASSIGN_TASK, "arguments": '{"id":"1","q":"d"}'}, {"name": CREATE_SUBAGENT, "arguments": '{"q":"b"}'}],
+    )
+    assert [(a.subagent, a.question) for a in bare.assignments] == [(1, "d"), (1, "b")]
 
 
 def test_an_assignment_may_name_a_subagent_spawned_later_in_the_same_turn() -> None:

@@ -250,18 +250,12 @@ def read_decision(content: str | None, tool_calls: Sequence[Mapping[str, Any]] |
     "arguments"}}``, or the bare ``{"name", "arguments"}``) come first, then ``<tool_call>`` blocks still in the
     text (the completions endpoint parses none), read with the gateway's own parser.
     """
-    text = content or ""
-    calls: list[tuple[str, str]] = []
-    invalid = 0
-    for call in tool_calls or []:
-        name, arguments = _call_parts(call)
-        if name in TOOLS:
-            calls.append((name, arguments))
-        else:
-            invalid += 1
-    parsed = parse_tool_calls(text, TOOLS)
-    calls += [(call.name, call.arguments) for call in parsed.returned]
-    invalid += sum(1 for call in parsed.calls if not call.valid)
+    # The gateway's calls are written back as blocks, so that one parser judges both (a call for another tool,
+    # or with arguments that are not a JSON object, is invalid either way).
+    returned = "".join(render_call(*_call_parts(call)) for call in tool_calls or [])
+    parsed = parse_tool_calls(returned + (content or ""), TOOLS)
+    calls = [(call.name, call.arguments) for call in parsed.returned]
+    invalid = sum(1 for call in parsed.calls if not call.valid)
     outside = _BLOCK.sub(" ", parsed.content or "")
     own: dict[str, int] = {}
     for key, value in _ANSWER.findall(outside):
@@ -289,7 +283,7 @@ def _subagent_id(value: Any) -> int:
         return 0
     if isinstance(value, int):
         return max(value, 0)
-    if isinstance(value, str) and value.isdigit():
+    if isinstance(value, str) and value.isascii() and value.isdigit():
         return int(value)
     return 0
 
