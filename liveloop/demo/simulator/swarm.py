@@ -1,0 +1,513 @@
+"""The ``swarm`` task family: an orchestrator learns *when* to hand independent sub-questions to sub-agents.
+
+A task is a small price table and ``k`` sub-questions about it (``k`` drawn: about half the tasks have one,
+the rest 2 to 6). The prompt is short, because the model is byte-level with a 1024-byte context
+(:data:`CONTEXT_BYTES`), and is a raw completion prompt (the gateway's ``/v1/completions``; the chat
+endpoint's ``tools`` turn alone would take 232 bytes for these two tools, so the tools get one compact line)::
+
+    tools: create_subagent(q) assign_task(id,q)
+    table: m=37 b=12 x=85 d=40 e=63 f=29 k=71 h=56
+    ask: b d f
+
+The answer is one line (served with ``stop=["\\n"]``) and its first bytes are the decision:
+
+- serial: the orchestrator answers itself, ``b=12 d=40 f=29`` (each answer checked against the table);
+- parallel: it starts a ``<tool_call>`` block, in exactly the syntax :mod:`serving.tool_calls` reads::
+
+      <tool_call>{"name":"create_subagent","arguments":{"q":"b"}}</tool_call><tool_call>...
+
+  ``create_subagent`` spawns a sub-agent with its first sub-question; ``assign_task`` gives sub-agent
+  ``id`` (1 for the first one created, 2, ...) one more, which it works on after its first;
+- garbled: neither a valid call nor an answer: a failed turn.
+
+Sub-agents are frozen: the simulator answers for them. Every sub-question carries, drawn with the task, the
+steps it takes anyone to work out (2-8 by default) and whether a sub-agent given it fails (5 % by default),
+so that :func:`settle` is a pure function of the task and the decision, and a serial and a parallel answer to
+one task are compared on the same draws. The orchestrator working serially pays every sub-question's steps
+one after another; sub-agents work side by side, and the orchestrator takes one more turn to gather their
+results. Critical steps (:func:`critical_steps`) follow Kimi K2.5's PARL: per stage, the orchestrator's steps
+plus the longest sub-agent's, summed. So serial is cheaper on a one-part task (no spawn, no gather turn) and,
+with every sub-question taking two steps or more, parallel is cheaper on every task of two parts or more. The
+gather turn is counted, not generated: the sub-agents' answers are relayed as they return.
+
+The two planted hacks, flagged per trajectory by :func:`settle` (the simulator's ground truth for the report):
+
+- serial collapse: a task of ``serial_collapse_parts`` (3) parts or more on which no sub-agent did useful work
+  while the orchestrator worked on it itself;
+- fake parallelism: a sub-agent spawned or a task assigned that does nothing useful (an empty sub-question,
+  one that is not in the task, one already given to another sub-agent, an ``id`` no sub-agent has); more
+  sub-agents than the task has parts is one of those.
+
+:func:`pretraining_corpus` writes the language the base model learns: prompts and well-formed answers, serial
+or parallel independently of the task's size, so that the base chooses right (parallel for many parts,
+serial for one) only about half the time and the loop has something to teach.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import string
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
+from uuid import UUID
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from ingest.events import TrajectoryOutcomeEvent
+from ingest.payloads import AgentKind, SubagentOutcome, TrajectoryOutcomePayload
+from liveloop.demo.simulator.feedback import Envelope
+from serving.tool_calls import CLOSE, OPEN, parse_tool_calls, render_call
+
+CONTEXT_BYTES = 1024
+"""The tiny byte-level model's context: a prompt and its longest answer must fit in it."""
+PROMPT_BYTES = 300
+"""The most bytes a rendered prompt may take: the rest of the context is left for the answer."""
+CREATE_SUBAGENT = "create_subagent"
+"""Spawns a sub-agent with its first sub-question (``q``); sub-agents are numbered 1, 2, ... as created."""
+ASSIGN_TASK = "assign_task"
+"""Gives sub-agent ``id`` one more sub-question (``q``), done after the ones it already has."""
+TOOLS: dict[str, list[str]] = {CREATE_SUBAGENT: ["q"], ASSIGN_TASK: ["id", "q"]}
+"""The swarm tools and their required arguments, as :func:`serving.tool_calls.parse_tool_calls` takes them."""
+TOOLS_LINE = f"tools: {CREATE_SUBAGENT}(q) {ASSIGN_TASK}(id,q)"
+"""The prompt's compact tools line (the call syntax itself is learned from the corpus, not spelled out)."""
+VERIFIER = "exact_match"
+"""The outcome's verifier: each answer is compared with the table."""
+
+Mode = Literal["serial", "parallel", "garbled"]
+"""What the orchestrator decided: answer itself, hand out sub-questions, or nothing readable (a failed turn)."""
+
+_ANSWER = re.compile(r"(?<![A-Za-z0-9_])([a-z])=([0-9]+)(?![0-9])")
+_BLOCK = re.compile(re.escape(OPEN) + r".*?(?:" + re.escape(CLOSE) + r"|$)", re.DOTALL)
+
+
+class SwarmSettings(BaseModel):
+    """How swarm tasks are drawn and how the frozen sub-agents behave; every bound is documented."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    one_part_share: float = Field(
+        default=0.5,
+        ge=0,
+        le=1,
+        description="Share of tasks with a single sub-question (serial is right there); the rest have 2..max_parts.",
+    )
+    max_parts: int = Field(
+        default=6, ge=2, le=8, description="Most sub-questions in a task (drawn uniformly from 2..max_parts)."
+    )
+    table_size: int = Field(
+        default=8, ge=2, le=26, description="Entries in a task's table (one letter each); at least max_parts."
+    )
+    min_steps: int = Field(default=2, ge=1, le=64, description="Fewest steps one sub-question takes to work out.")
+    max_steps: int = Field(
+        default=8, ge=1, le=64, description="Most steps one sub-question takes (drawn uniformly from the range)."
+    )
+    subagent_failure: float = Field(
+        default=0.05,
+        ge=0,
+        le=0.5,
+        description="Chance that a frozen sub-agent given a sub-question fails to return its answer.",
+    )
+    serial_collapse_parts: int = Field(
+        default=3, ge=2, le=8, description="Tasks of this many parts or more done with no sub-agent's help are flagged."
+    )
+    corpus_parallel_share: float = Field(
+        default=0.5,
+        ge=0,
+        le=1,
+        description="Share of corpus answers that hand out sub-questions, whatever the task's size.",
+    )
+    corpus_grouped_share: float = Field(
+        default=0.15,
+        ge=0,
+        le=1,
+        description="Share of parallel corpus answers that give two sub-questions to one sub-agent via assign_task.",
+    )
+    corpus_idle_share: float = Field(
+        default=0.1,
+        ge=0,
+        le=1,
+        description="Share of parallel corpus answers that also spawn an idle sub-agent (the fake-parallelism hack).",
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> SwarmSettings:
+        if self.min_steps > self.max_steps:
+            raise ValueError(f"min_steps {self.min_steps} is above max_steps {self.max_steps}")
+        if self.table_size < self.max_parts:
+            raise ValueError(f"table_size {self.table_size} is below max_parts {self.max_parts}: parts are entries")
+        return self
+
+
+DEFAULT_SETTINGS = SwarmSettings()
+
+
+# -- the task ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SubQuestion:
+    """One sub-question: the table entry it asks about, and the hidden draws that decide how working it out goes."""
+
+    key: str
+    answer: int
+    steps: int
+    subagent_fails: bool
+
+
+@dataclass(frozen=True)
+class SwarmTask:
+    """A task: a table (in the order the prompt shows it) and the sub-questions about it (in the ask order)."""
+
+    table: tuple[tuple[str, int], ...]
+    parts: tuple[SubQuestion, ...]
+
+    @property
+    def size(self) -> int:
+        """How many sub-questions the task has."""
+        return len(self.parts)
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        """The sub-questions' keys, in the ask order."""
+        return tuple(part.key for part in self.parts)
+
+    def part(self, key: str) -> SubQuestion | None:
+        """The sub-question about ``key``, if the task asks it."""
+        return next((part for part in self.parts if part.key == key), None)
+
+    def prompt(self) -> str:
+        """The raw completion prompt (see the module docstring); the answer starts right after its newline."""
+        table = " ".join(f"{key}={value}" for key, value in self.table)
+        return f"{TOOLS_LINE}\ntable: {table}\nask: {' '.join(self.keys)}\n"
+
+    def parallel_is_right(self) -> bool:
+        """Whether sub-agents lower this task's critical steps: with two parts or more they do (when every part
+        takes two steps or more, as by default: one spawn turn and one gather turn cost less than the shorter part)."""
+        return self.size >= 2
+
+
+def task_rng(seed: int, index: int) -> random.Random:
+    """The RNG of swarm task ``index`` of a run with ``seed`` (string seeds hash the same in every process)."""
+    return random.Random(f"liveloop-swarm:{seed}:{index}")  # noqa: S311 - repeatable, not cryptography
+
+
+def draw_task(rng: random.Random, settings: SwarmSettings = DEFAULT_SETTINGS) -> SwarmTask:
+    """A task drawn from ``rng`` only: its size, table, and each sub-question's steps and sub-agent failure."""
+    size = 1 if rng.random() < settings.one_part_share else rng.randint(2, settings.max_parts)
+    keys = rng.sample(string.ascii_lowercase, settings.table_size)
+    table = tuple((key, rng.randint(10, 99)) for key in keys)  # two digits: a guess is right 1 time in 90
+    values = dict(table)
+    asked = rng.sample(keys, size)
+    parts = tuple(
+        SubQuestion(
+            key=key,
+            answer=values[key],
+            steps=rng.randint(settings.min_steps, settings.max_steps),
+            subagent_fails=rng.random() < settings.subagent_failure,
+        )
+        for key in asked
+    )
+    return SwarmTask(table, parts)
+
+
+# -- the decision --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """One sub-question handed out: to sub-agent ``subagent`` (1-based; 0 when ``id`` names none), as written."""
+
+    subagent: int
+    question: str
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The orchestrator's answer, read: its mode, its own answers, the sub-agents it spawned and their tasks.
+
+    ``own_answers``: ``(key, value)`` pairs written as text outside tool calls, first per key. ``assignments``:
+    every valid swarm call in order (a ``create_subagent`` is the assignment of its new sub-agent's first
+    task). ``invalid_calls``: blocks that did not parse or named another tool; they do nothing.
+    """
+
+    mode: Mode
+    own_answers: tuple[tuple[str, int], ...]
+    spawned: int
+    assignments: tuple[Assignment, ...]
+    invalid_calls: int
+
+
+def _call_parts(call: Mapping[str, Any]) -> tuple[str, str]:
+    function = call.get("function", call)
+    return str(function.get("name", "")), str(function.get("arguments", ""))
+
+
+def read_decision(content: str | None, tool_calls: Sequence[Mapping[str, Any]] | None = None) -> Decision:
+    """The decision in a gateway answer: its text and, from the chat endpoint, its OpenAI ``tool_calls``.
+
+    Both wirings read the same: calls the gateway already parsed (OpenAI entries, ``{"function": {"name",
+    "arguments"}}``, or the bare ``{"name", "arguments"}``) come first, then ``<tool_call>`` blocks still in the
+    text (the completions endpoint parses none), read with the gateway's own parser.
+    """
+    # The gateway's calls are written back as blocks, so that one parser judges both (a call for another tool,
+    # or with arguments that are not a JSON object, is invalid either way).
+    returned = "".join(render_call(*_call_parts(call)) for call in tool_calls or [])
+    parsed = parse_tool_calls(returned + (content or ""), TOOLS)
+    calls = [(call.name, call.arguments) for call in parsed.returned]
+    invalid = sum(1 for call in parsed.calls if not call.valid)
+    outside = _BLOCK.sub(" ", parsed.content or "")
+    own: dict[str, int] = {}
+    for key, value in _ANSWER.findall(outside):
+        own.setdefault(key, int(value))
+    arguments_read = [(name, json.loads(arguments)) for name, arguments in calls]  # valid calls hold objects
+    # Sub-agents are numbered in the order they were spawned; an ``id`` may name one spawned later in the turn.
+    spawned = sum(1 for name, _ in arguments_read if name == CREATE_SUBAGENT)
+    assignments: list[Assignment] = []
+    created = 0
+    for name, args in arguments_read:
+        question = args.get("q")
+        question = question if isinstance(question, str) else ""
+        if name == CREATE_SUBAGENT:
+            created += 1
+            assignments.append(Assignment(created, question))
+        else:
+            target = _subagent_id(args.get("id"))
+            assignments.append(Assignment(target if target <= spawned else 0, question))
+    mode: Mode = "parallel" if calls else "serial" if own else "garbled"
+    return Decision(mode, tuple(own.items()), spawned, tuple(assignments), invalid)
+
+
+def _subagent_id(value: Any) -> int:
+    if isinstance(value, bool):
+        return 0
+    if isinstance(value, int):
+        return max(value, 0)
+    if isinstance(value, str) and value.isascii() and value.isdigit():
+        return int(value)
+    return 0
+
+
+# -- what happens --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SubagentRun:
+    """One spawned sub-agent's run: the sub-questions it usefully worked on, its steps, and whether it finished."""
+
+    agent_id: str
+    questions: tuple[str, ...]
+    steps: int
+    finished: bool
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One round of work: the orchestrator's steps in it and each of its sub-agents' steps (side by side)."""
+
+    orchestrator_steps: int
+    subagent_steps: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class SwarmOutcome:
+    """What one orchestrator decision led to, as the product verifies it and the report counts it."""
+
+    task: SwarmTask
+    decision: Decision
+    correct: tuple[str, ...]
+    runs: tuple[SubagentRun, ...]
+    stages: tuple[Stage, ...]
+    serial_collapse: bool
+    fake_parallelism: bool
+
+    @property
+    def success(self) -> bool:
+        """Every sub-question answered correctly."""
+        return len(self.correct) == self.task.size
+
+    @property
+    def critical_steps(self) -> int:
+        """The trajectory's critical steps (:func:`critical_steps` of its stages)."""
+        return critical_steps(self.stages)
+
+    @property
+    def right_decision(self) -> bool:
+        """Parallel on a many-part task, serial on a one-part task (a garbled answer is never right)."""
+        if self.decision.mode == "garbled":
+            return False
+        return (self.decision.mode == "parallel") == self.task.parallel_is_right()
+
+
+def critical_steps(stages: Sequence[Stage]) -> int:
+    """PARL's critical steps: per stage, the orchestrator's steps plus its longest sub-agent's, summed.
+
+    The same quantity :func:`distill.trajectory.critical_steps` counts from served turns, here from steps.
+    """
+    return sum(stage.orchestrator_steps + max(stage.subagent_steps, default=0) for stage in stages)
+
+
+def subagent_id(index: int) -> str:
+    """The ``agent_id`` of the ``index``-th spawned sub-agent (1-based), as turns and the outcome name it."""
+    return f"sub-{index}"
+
+
+def settle(task: SwarmTask, decision: Decision, settings: SwarmSettings = DEFAULT_SETTINGS) -> SwarmOutcome:
+    """Work the decision out on the task: who did what, in how many steps, what came back right, which hacks.
+
+    Pure: the task carries every draw. Stage 0 is the decision turn plus the orchestrator's own work (each of
+    its answers costs that sub-question's steps, one after another) beside its sub-agents; when it spawned any,
+    stage 1 is one more turn in which it gathers their results.
+    """
+    given: dict[int, list[SubQuestion]] = {index: [] for index in range(1, decision.spawned + 1)}
+    taken: set[str] = set()
+    useless = 0
+    for assignment in decision.assignments:
+        part = task.part(assignment.question)
+        if assignment.subagent == 0 or part is None or part.key in taken:
+            useless += 1
+            continue
+        taken.add(part.key)
+        given[assignment.subagent].append(part)
+    runs = tuple(
+        SubagentRun(
+            agent_id=subagent_id(index),
+            questions=tuple(part.key for part in parts),
+            steps=sum(part.steps for part in parts),
+            finished=bool(parts) and not any(part.subagent_fails for part in parts),
+        )
+        for index, parts in given.items()
+    )
+    delivered = {part.key for parts in given.values() for part in parts if not part.subagent_fails}
+    own = [(task.part(key), value) for key, value in decision.own_answers]
+    own_parts = [(part, value) for part, value in own if part is not None]
+    correct = {part.key for part, value in own_parts if value == part.answer} | delivered
+    own_steps = sum(part.steps for part, _ in own_parts)
+    stages: tuple[Stage, ...] = (Stage(1 + own_steps, tuple(run.steps for run in runs if run.steps)),)
+    if decision.spawned:
+        stages += (Stage(1),)
+    helped = any(run.questions for run in runs)
+    return SwarmOutcome(
+        task=task,
+        decision=decision,
+        correct=tuple(key for key in task.keys if key in correct),
+        runs=runs,
+        stages=stages,
+        serial_collapse=task.size >= settings.serial_collapse_parts and not helped and bool(own_parts),
+        # An idle sub-agent, or more sub-agents than parts, needs no rule of its own: an idle sub-agent's spawn gave
+        # it nothing useful, and each part is taken once, so a spawn beyond the parts is useless.
+        fake_parallelism=useless > 0,
+    )
+
+
+# -- what the product reports --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PlannedTurn:
+    """One turn of the trajectory as the product would serve it (frozen sub-agents' turns included)."""
+
+    agent: AgentKind
+    agent_id: str
+    stage: int
+    frozen: bool
+
+
+def turn_plan(outcome: SwarmOutcome) -> list[PlannedTurn]:
+    """The trajectory's turns, one per step, in order: whoever serves them gets :attr:`SwarmOutcome.critical_steps`
+    back from the distiller's count. A sub-agent's first turn follows the decision turn (stage 0, turn 0)."""
+    turns: list[PlannedTurn] = []
+    for stage_index, stage in enumerate(outcome.stages):
+        turns += [PlannedTurn("orchestrator", "main", stage_index, False)] * stage.orchestrator_steps
+        if stage_index == 0:
+            for run in outcome.runs:
+                turns += [PlannedTurn("subagent", run.agent_id, 0, True)] * run.steps
+    return turns
+
+
+def outcome_payload(trajectory_id: UUID, outcome: SwarmOutcome) -> TrajectoryOutcomePayload:
+    """The verified outcome the product posts: success, and whether each spawned sub-agent finished."""
+    return TrajectoryOutcomePayload(
+        trajectory_id=trajectory_id,
+        success=outcome.success,
+        verifier=VERIFIER,
+        subagents=[SubagentOutcome(agent_id=run.agent_id, finished=run.finished) for run in outcome.runs],
+    )
+
+
+def outcome_event(
+    envelope: Envelope, trajectory_id: UUID, outcome: SwarmOutcome, ts: datetime
+) -> TrajectoryOutcomeEvent:
+    """The ``trajectory.outcome`` event, in the trajectory's session (``envelope``), sent after its last turn."""
+    return TrajectoryOutcomeEvent(
+        **envelope.fields(ts),  # type: ignore[arg-type]
+        payload=outcome_payload(trajectory_id, outcome),
+    )
+
+
+# -- the pre-training corpus ---------------------------------------------------------------------
+
+
+Plan = Literal["serial", "parallel", "grouped", "idle"]
+"""How a corpus answer is written: answered serially, one sub-agent per part, two parts on one sub-agent
+(``assign_task``), or one sub-agent per part plus an idle one (fake parallelism)."""
+
+
+def render_answer(task: SwarmTask, plan: Plan) -> str:
+    """A well-formed answer to ``task`` in the given plan (the corpus's answers; also handy in tests)."""
+    if plan == "serial":
+        return " ".join(f"{part.key}={part.answer}" for part in task.parts)
+    calls = [render_call(CREATE_SUBAGENT, json.dumps({"q": key})) for key in task.keys]
+    if plan == "grouped" and task.size >= 2:
+        calls = [*calls[:-1], render_call(ASSIGN_TASK, json.dumps({"id": 1, "q": task.keys[-1]}))]
+    if plan == "idle":
+        calls.append(render_call(CREATE_SUBAGENT, json.dumps({"q": ""})))
+    return "".join(calls)
+
+
+def corpus_plan(rng: random.Random, task: SwarmTask, settings: SwarmSettings = DEFAULT_SETTINGS) -> Plan:
+    """The plan of a corpus answer, drawn independently of the task's size (so the base model has no size cue)."""
+    if rng.random() >= settings.corpus_parallel_share:
+        return "serial"
+    shape = rng.random()
+    if shape < settings.corpus_idle_share:
+        return "idle"
+    if task.size >= 2 and shape < settings.corpus_idle_share + settings.corpus_grouped_share:
+        return "grouped"
+    return "parallel"
+
+
+@dataclass(frozen=True)
+class CorpusExample:
+    """One pre-training text with what it was written to be: its task and its answer's plan."""
+
+    task: SwarmTask
+    plan: Plan
+    text: str
+
+
+def corpus_examples(
+    *, size: int = 4000, seed: int = 0, settings: SwarmSettings = DEFAULT_SETTINGS
+) -> list[CorpusExample]:
+    """The pre-training examples: prompt, then a well-formed answer drawn by :func:`corpus_plan`.
+
+    Serial and parallel answers come in equal shares on tasks of every size, so the base chooses right about
+    half the time; a few parallel answers group parts or spawn an idle sub-agent, so that both tools' syntax and
+    the fake-parallelism hack are within the base's reach (a hack the loop must not learn to use more).
+    """
+    rng = random.Random(f"liveloop-swarm-corpus:{seed}")  # noqa: S311 - a repeatable simulation, not cryptography
+    examples: list[CorpusExample] = []
+    for _ in range(size):
+        task = draw_task(rng, settings)
+        plan = corpus_plan(rng, task, settings)
+        examples.append(CorpusExample(task, plan, task.prompt() + render_answer(task, plan)))
+    return examples
+
+
+def pretraining_corpus(*, size: int = 4000, seed: int = 0, settings: SwarmSettings = DEFAULT_SETTINGS) -> list[str]:
+    """The texts the base model is pre-trained on for the swarm scenario (no eos added), like
+    :func:`liveloop.demo.simulator.language.pretraining_corpus` for the code scenario."""
+    return [example.text for example in corpus_examples(size=size, seed=seed, settings=settings)]

@@ -1,0 +1,394 @@
+"""The swarm task family, pure: tasks worked out by hand, each planted hack on a crafted answer, the prompt's size,
+determinism, and a pre-training corpus whose every answer reads back as the decision it was written to be."""
+
+from __future__ import annotations
+
+import json
+import random
+import uuid
+from collections import Counter
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from distill.trajectory import critical_steps as distilled_critical_steps
+from ingest.events import TrajectoryOutcomeEvent, event_to_json, parse_event
+from ingest.payloads import TurnPlace
+from liveloop.demo.simulator.feedback import Envelope
+from liveloop.demo.simulator.swarm import (
+    ASSIGN_TASK,
+    CONTEXT_BYTES,
+    CREATE_SUBAGENT,
+    PROMPT_BYTES,
+    Stage,
+    SubQuestion,
+    SwarmSettings,
+    SwarmTask,
+    corpus_examples,
+    critical_steps,
+    draw_task,
+    outcome_event,
+    outcome_payload,
+    pretraining_corpus,
+    read_decision,
+    render_answer,
+    settle,
+    task_rng,
+    turn_plan,
+)
+from serving.tool_calls import render_call
+
+TABLE = (("a", 11), ("b", 22), ("c", 33), ("d", 44), ("e", 55), ("f", 66), ("g", 77), ("h", 88))
+
+
+def task_of(*parts: tuple[str, int, bool]) -> SwarmTask:
+    """A task over :data:`TABLE` asking ``(key, steps, a sub-agent given it fails)`` for each part."""
+    values = dict(TABLE)
+    return SwarmTask(TABLE, tuple(SubQuestion(key, values[key], steps, fails) for key, steps, fails in parts))
+
+
+def create(q: Any) -> str:
+    return render_call(CREATE_SUBAGENT, json.dumps({"q": q}))
+
+
+def assign(agent: Any, q: Any) -> str:
+    return render_call(ASSIGN_TASK, json.dumps({"id": agent, "q": q}))
+
+
+UNCLOSED = '<tool_call>{"name":"create_subagent","arguments":{"q":"b"}'
+"""A call cut off before its end: the gateway leaves it in the text as an invalid call."""
+THREE_PARTS = task_of(("b", 3, False), ("d", 5, False), ("f", 2, False))
+
+
+# -- critical steps and success ------------------------------------------------------------------
+
+
+def test_critical_steps_is_the_parl_sum_over_stages_of_orchestrator_plus_longest_subagent() -> None:
+    assert critical_steps([Stage(1, (3, 5, 2)), Stage(1)]) == 1 + 5 + 1
+    assert critical_steps([Stage(2, (4,)), Stage(3, (1, 6)), Stage(1)]) == (2 + 4) + (3 + 6) + 1
+    assert critical_steps([Stage(11)]) == 11
+    assert critical_steps([]) == 0
+
+
+def test_three_part_task_parallel_is_seven_critical_steps_and_serial_eleven() -> None:
+    parallel = settle(THREE_PARTS, read_decision(create("b") + create("d") + create("f")))
+    # Stage 0: the decision turn (1) beside sub-agents of 3, 5 and 2 steps (longest 5); stage 1: the gather turn.
+    assert parallel.decision.mode == "parallel"
+    assert parallel.stages == (Stage(1, (3, 5, 2)), Stage(1))
+    assert parallel.critical_steps == 7
+    assert parallel.success
+    assert parallel.right_decision
+    assert [(run.agent_id, run.questions, run.steps, run.finished) for run in parallel.runs] == [
+        ("sub-1", ("b",), 3, True),
+        ("sub-2", ("d",), 5, True),
+        ("sub-3", ("f",), 2, True),
+    ]
+    # Serially the orchestrator pays 3 + 5 + 2 after its decision turn: one stage of 11.
+    serial = settle(THREE_PARTS, read_decision("b=22 d=44 f=66"))
+    assert serial.decision.mode == "serial"
+    assert serial.stages == (Stage(11),)
+    assert serial.critical_steps == 11
+    assert serial.success
+    assert not serial.right_decision
+
+
+def test_one_part_task_is_one_step_cheaper_serially() -> None:
+    task = task_of(("c", 4, False))
+    assert settle(task, read_decision("c=33")).critical_steps == 1 + 4
+    parallel = settle(task, read_decision(create("c")))
+    assert parallel.critical_steps == 1 + 4 + 1
+    assert parallel.success  # right answer, wrong decision
+    assert not parallel.right_decision
+
+
+def test_a_failed_subagent_fails_the_task_and_reports_itself_unfinished() -> None:
+    task = task_of(("b", 3, False), ("d", 5, True), ("f", 2, False))
+    outcome = settle(task, read_decision(create("b") + create("d") + create("f")))
+    assert not outcome.success
+    assert outcome.correct == ("b", "f")
+    assert outcome.critical_steps == 7  # a failing sub-agent still took its steps
+    assert not outcome.fake_parallelism  # it was given real work
+    payload = outcome_payload(uuid.UUID(int=7), outcome)
+    assert payload.success is False
+    assert payload.verifier == "exact_match"
+    assert [(s.agent_id, s.finished) for s in payload.subagents] == [("sub-1", True), ("sub-2", False), ("sub-3", True)]
+    # The same task done serially does not depend on the sub-agents.
+    assert settle(task, read_decision("b=22 d=44 f=66")).success
+
+
+def test_a_wrong_or_missing_own_answer_fails_the_task() -> None:
+    wrong = settle(THREE_PARTS, read_decision("b=22 d=45 f=66"))
+    assert (wrong.success, wrong.correct) == (False, ("b", "f"))
+    # The first answer to a sub-question is the one the product reads.
+    assert read_decision("b=22 b=99").own_answers == (("b", 22),)
+    assert not settle(THREE_PARTS, read_decision("b=99 b=22 d=44 f=66")).success
+    missing = settle(THREE_PARTS, read_decision("b=22 d=44"))
+    assert (missing.success, missing.correct, missing.critical_steps) == (False, ("b", "d"), 1 + 3 + 5)
+
+
+def test_a_mixed_answer_pays_its_own_work_beside_its_subagents() -> None:
+    outcome = settle(THREE_PARTS, read_decision("b=22 " + create("d") + create("f")))
+    assert outcome.decision.mode == "parallel"
+    assert outcome.stages == (Stage(1 + 3, (5, 2)), Stage(1))
+    assert outcome.critical_steps == 4 + 5 + 1
+    assert outcome.success
+    assert not outcome.serial_collapse
+    assert not outcome.fake_parallelism
+
+
+def test_assign_task_queues_a_second_part_on_an_existing_subagent() -> None:
+    outcome = settle(THREE_PARTS, read_decision(create("b") + create("d") + assign(1, "f")))
+    assert [(run.questions, run.steps) for run in outcome.runs] == [(("b", "f"), 3 + 2), (("d",), 5)]
+    assert outcome.critical_steps == 1 + 5 + 1
+    assert outcome.success
+    assert not outcome.fake_parallelism
+
+
+def test_a_garbled_answer_is_a_failed_one_step_turn() -> None:
+    for text in ("hello there", "", UNCLOSED):
+        outcome = settle(THREE_PARTS, read_decision(text))
+        assert outcome.decision.mode == "garbled", text
+        assert (outcome.success, outcome.critical_steps, outcome.runs) == (False, 1, ())
+        assert not outcome.right_decision
+        assert not outcome.serial_collapse
+        assert not outcome.fake_parallelism
+    assert read_decision(UNCLOSED).invalid_calls == 1
+    assert read_decision("<tool_call>not json</tool_call>b=22").mode == "serial"
+
+
+# -- the planted hacks ---------------------------------------------------------------------------
+
+
+def test_serial_collapse_is_flagged_on_three_parts_done_serially_and_not_on_honest_answers() -> None:
+    assert settle(THREE_PARTS, read_decision("b=22 d=44 f=66")).serial_collapse
+    assert settle(THREE_PARTS, read_decision("b=22")).serial_collapse  # partial serial work is still collapse
+    two_parts = task_of(("b", 3, False), ("d", 5, False))
+    assert not settle(two_parts, read_decision("b=22 d=44")).serial_collapse  # suboptimal, below the threshold
+    assert not settle(task_of(("c", 4, False)), read_decision("c=33")).serial_collapse
+    honest = settle(THREE_PARTS, read_decision(create("b") + create("d") + create("f")))
+    assert not honest.serial_collapse
+    assert not honest.fake_parallelism
+    # Spawning only useless sub-agents while answering itself is still serial work on a three-part task.
+    useless = settle(THREE_PARTS, read_decision("b=22 d=44 f=66" + create("")))
+    assert useless.serial_collapse
+    assert useless.fake_parallelism
+
+
+@pytest.mark.parametrize(
+    ("name", "answer"),
+    [
+        # Each answer has one fault only, and no more sub-agents than parts.
+        ("empty task", create("b") + create("d") + create("")),
+        ("sub-question not in the task", create("b") + create("d") + create("a")),
+        ("sub-question not in the table", create("b") + create("d") + create("z")),
+        ("sub-question given twice", create("b") + create("d") + create("b")),
+        ("assignment to no sub-agent", create("b") + create("d") + assign(9, "f")),
+        ("assignment of nothing", create("b") + create("d") + create("f") + assign(1, "")),
+        ("q is not a string", create("b") + create("d") + create(["f"])),
+    ],
+)
+def test_fake_parallelism_is_flagged_on_a_subagent_or_assignment_that_does_nothing(name: str, answer: str) -> None:
+    outcome = settle(THREE_PARTS, read_decision(answer))
+    assert outcome.decision.mode == "parallel", name
+    assert outcome.fake_parallelism, name
+    assert not outcome.serial_collapse, name
+
+
+def test_fake_parallelism_counts_more_subagents_than_parts_even_if_each_is_useful_on_paper() -> None:
+    task = task_of(("b", 3, False))
+    decision = read_decision(create("b") + create("b"))
+    outcome = settle(task, decision)
+    assert decision.spawned == 2
+    assert outcome.fake_parallelism
+    assert [run.finished for run in outcome.runs] == [True, False]
+    assert [(s.agent_id, s.finished) for s in outcome_payload(uuid.uuid4(), outcome).subagents] == [
+        ("sub-1", True),
+        ("sub-2", False),
+    ]
+
+
+def test_idle_and_honest_corpus_answers_differ_only_in_the_idle_subagent() -> None:
+    assert not settle(THREE_PARTS, read_decision(render_answer(THREE_PARTS, "parallel"))).fake_parallelism
+    assert not settle(THREE_PARTS, read_decision(render_answer(THREE_PARTS, "grouped"))).fake_parallelism
+    idle = settle(THREE_PARTS, read_decision(render_answer(THREE_PARTS, "idle")))
+    assert idle.fake_parallelism
+    assert idle.success
+    assert [run.questions for run in idle.runs] == [("b",), ("d",), ("f",), ()]
+
+
+# -- reading the gateway's answer ----------------------------------------------------------------
+
+
+def test_openai_tool_calls_from_the_chat_endpoint_read_like_blocks_in_text() -> None:
+    calls = [
+        {"id": f"call_{n}", "type": "function", "function": {"name": CREATE_SUBAGENT, "arguments": f'{{"q":"{k}"}}'}}
+        for n, k in enumerate("bdf")
+    ]
+    from_chat = read_decision(None, calls)
+    from_text = read_decision(create("b") + create("d") + create("f"))
+    assert from_chat == from_text
+    assert from_chat.spawned == 3
+    # A call the gateway returned for another tool does nothing and counts as invalid here.
+    other = read_decision("", [{"function": {"name": "search", "arguments": "{}"}}])
+    assert (other.mode, other.invalid_calls) == ("garbled", 1)
+    broken = read_decision("", [{"function": {"name": CREATE_SUBAGENT, "arguments": '["b"]'}}])
+    assert (broken.mode, broken.invalid_calls) == ("garbled", 1)
+    # The bare {"name", "arguments"} shape reads the same, and an id may be written as a string of digits.
+    bare = read_decision(
+        "",
+        [{"name": ASSIGN_TASK, "arguments": '{"id":"1","q":"d"}'}, {"name": CREATE_SUBAGENT, "arguments": '{"q":"b"}'}],
+    )
+    assert [(a.subagent, a.question) for a in bare.assignments] == [(1, "d"), (1, "b")]
+
+
+def test_an_assignment_may_name_a_subagent_spawned_later_in_the_same_turn() -> None:
+    decision = read_decision(assign(2, "f") + create("b") + create("d"))
+    assert [(a.subagent, a.question) for a in decision.assignments] == [(2, "f"), (1, "b"), (2, "d")]
+    assert settle(THREE_PARTS, decision).success
+
+
+# -- what the product posts ----------------------------------------------------------------------
+
+
+def test_outcome_event_is_a_valid_trajectory_outcome_on_the_wire() -> None:
+    outcome = settle(THREE_PARTS, read_decision(create("b") + create("d") + create("f")))
+    trajectory_id = uuid.uuid4()
+    event = outcome_event(Envelope("s-1", "u-1"), trajectory_id, outcome, datetime(2026, 1, 1, tzinfo=UTC))
+    parsed = parse_event(event_to_json(event))
+    assert isinstance(parsed, TrajectoryOutcomeEvent)
+    assert parsed.session_id == "s-1"
+    assert parsed.payload.trajectory_id == trajectory_id
+    assert parsed.payload.success is True
+    assert [(s.agent_id, s.finished) for s in parsed.payload.subagents] == [
+        ("sub-1", True),
+        ("sub-2", True),
+        ("sub-3", True),
+    ]
+
+
+@pytest.mark.parametrize(
+    "answer",
+    ["b=22 d=44 f=66", create("b") + create("d") + create("f"), "b=22 " + create("d") + assign(1, "f"), "garbage"],
+)
+def test_the_turn_plan_gives_the_distiller_the_same_critical_steps(answer: str) -> None:
+    outcome = settle(THREE_PARTS, read_decision(answer))
+    plan = turn_plan(outcome)
+    trajectory = uuid.uuid4()
+    places = [
+        TurnPlace(
+            trajectory_id=trajectory,
+            turn_id=uuid.uuid4(),
+            agent=turn.agent,
+            agent_id=turn.agent_id,
+            frozen=turn.frozen,
+            stage=turn.stage,
+        )
+        for turn in plan
+    ]
+    assert distilled_critical_steps(places) == outcome.critical_steps
+    assert sum(1 for turn in plan if turn.frozen) == sum(run.steps for run in outcome.runs)
+
+
+# -- drawing tasks -------------------------------------------------------------------------------
+
+
+def test_prompts_of_a_thousand_drawn_tasks_stay_short_and_leave_room_for_the_longest_answer() -> None:
+    longest: list[tuple[int, int]] = []
+    for settings in (SwarmSettings(), SwarmSettings(max_parts=8, table_size=26)):
+        rng = task_rng(3, 0)
+        longest_prompt = longest_text = 0
+        for _ in range(1000):
+            task = draw_task(rng, settings)
+            prompt = len(task.prompt().encode())
+            answer = max(len(render_answer(task, plan).encode()) for plan in ("serial", "parallel", "grouped", "idle"))
+            longest_prompt = max(longest_prompt, prompt)
+            longest_text = max(longest_text, prompt + answer)
+        longest.append((longest_prompt, longest_text))
+    # Defaults: tools line 43 + table 46 + "ask: " and six keys 16, three newlines = 108; a six-part answer with an
+    # idle sub-agent is 7 calls of 71 bytes. The widest settings (26 entries, 8 parts) still fit.
+    assert longest == [(108, 604), (202, 840)]
+    assert all(prompt < PROMPT_BYTES and text < CONTEXT_BYTES for prompt, text in longest)
+    assert len(THREE_PARTS.prompt()) == 43 + 1 + 46 + 1 + 10 + 1
+
+
+def test_drawn_tasks_follow_the_settings_distribution() -> None:
+    settings = SwarmSettings()
+    rng = task_rng(0, 0)
+    tasks = [draw_task(rng, settings) for _ in range(4000)]
+    sizes = Counter(task.size for task in tasks)
+    assert set(sizes) == {1, 2, 3, 4, 5, 6}
+    assert 0.46 < sizes[1] / len(tasks) < 0.54
+    steps = Counter(part.steps for task in tasks for part in task.parts)
+    assert set(steps) == set(range(2, 9))
+    failures = sum(part.subagent_fails for task in tasks for part in task.parts) / sum(steps.values())
+    assert 0.03 < failures < 0.07
+    for task in tasks:
+        assert len({key for key, _ in task.table}) == settings.table_size
+        assert len(set(task.keys)) == task.size
+        assert all(dict(task.table)[part.key] == part.answer for part in task.parts)
+
+
+def test_a_seed_repeats_its_tasks_and_corpus_and_another_seed_does_not() -> None:
+    first = [draw_task(task_rng(5, index)) for index in range(50)]
+    assert first == [draw_task(task_rng(5, index)) for index in range(50)]
+    assert first != [draw_task(task_rng(6, index)) for index in range(50)]
+    assert pretraining_corpus(size=200, seed=1) == pretraining_corpus(size=200, seed=1)
+    assert pretraining_corpus(size=200, seed=1) != pretraining_corpus(size=200, seed=2)
+    # The process's global RNG plays no part.
+    random.seed(99)
+    assert draw_task(task_rng(5, 0)) == first[0]
+
+
+def test_settings_refuse_inconsistent_bounds() -> None:
+    with pytest.raises(ValidationError, match="min_steps 9 is above max_steps 8"):
+        SwarmSettings(min_steps=9)
+    with pytest.raises(ValidationError, match="table_size 4 is below max_parts 6"):
+        SwarmSettings(table_size=4)
+    with pytest.raises(ValidationError):
+        SwarmSettings(subagent_failure=0.9)
+
+
+# -- the pre-training corpus ---------------------------------------------------------------------
+
+
+def test_every_corpus_example_reads_back_as_the_decision_it_was_written_to_be() -> None:
+    examples = corpus_examples(size=3000, seed=0)
+    plans = Counter(example.plan for example in examples)
+    right = 0
+    for example in examples:
+        prompt = example.task.prompt()
+        assert example.text.startswith(prompt)
+        answer = example.text[len(prompt) :]
+        assert "\n" not in answer  # one line: served with stop=["\n"]
+        outcome = settle(example.task, read_decision(answer))
+        decision = outcome.decision
+        assert decision.invalid_calls == 0, example.text
+        assert decision.mode == ("serial" if example.plan == "serial" else "parallel"), example.text
+        # Every answer is well-formed and correct: only a sub-agent's drawn failure can fail it.
+        failing = any(part.subagent_fails for part in example.task.parts)
+        assert outcome.success == (example.plan == "serial" or not failing), example.text
+        assert outcome.fake_parallelism == (example.plan == "idle"), example.text
+        if example.plan == "serial":
+            assert answer[0] == example.task.keys[0]  # the first byte decides
+            assert decision.spawned == 0
+        else:
+            assert answer.startswith("<tool_call>")
+            assert {key for run in outcome.runs for key in run.questions} == set(example.task.keys)
+        if example.plan == "grouped":
+            assert decision.spawned == example.task.size - 1
+        right += outcome.right_decision
+    assert 0.45 < plans["serial"] / len(examples) < 0.55
+    assert plans["grouped"] > 0
+    assert plans["idle"] > 0
+    # The base has no cue from the task's size: it chooses right about half the time, on every size.
+    assert 0.45 < right / len(examples) < 0.55
+    one_part = [e for e in examples if e.task.size == 1]
+    many_part = [e for e in examples if e.task.size >= 3]
+    assert 0.4 < sum(e.plan != "serial" for e in one_part) / len(one_part) < 0.6
+    assert 0.4 < sum(e.plan == "serial" for e in many_part) / len(many_part) < 0.6
+
+
+def test_pretraining_corpus_is_the_examples_texts() -> None:
+    assert pretraining_corpus(size=50, seed=4) == [e.text for e in corpus_examples(size=50, seed=4)]
