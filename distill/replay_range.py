@@ -409,7 +409,13 @@ class _Replayer:
         self._job, self._merge, self._workers = job, merge, workers
         # Spawned, not forked: the caller may run threads (a progress bar, a Kafka producer) a fork would copy.
         context = multiprocessing.get_context("spawn")
-        self._pool = ProcessPoolExecutor(workers, mp_context=context) if workers > 1 else None
+        self._pool: ProcessPoolExecutor | None = None
+        if workers > 1:
+            self._pool = ProcessPoolExecutor(workers, mp_context=context)
+            for _ in range(workers):
+                # The pool starts a process per piece submitted while none is idle: start them all now, so that
+                # they import while PostgreSQL sorts the range, before the first piece is read.
+                self._pool.submit(int)
         self._pending: deque[Future[_Outcome]] = deque()
         self._piece: list[_Session] = []
         self._piece_events = 0
