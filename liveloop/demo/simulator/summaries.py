@@ -56,7 +56,7 @@ from uuid import UUID
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ingest.events import TrajectoryOutcomeEvent
-from ingest.payloads import Boundary, TrajectoryOutcomePayload
+from ingest.payloads import Boundary, Role, TrajectoryOutcomePayload
 from liveloop.demo.simulator.feedback import Envelope
 
 CONTEXT_BYTES = 1024
@@ -438,25 +438,40 @@ def success_by_crossings(outcomes: Iterable[SummaryOutcome]) -> dict[int, tuple[
 
 @dataclass(frozen=True)
 class PlannedTurn:
-    """One served turn: a summary the model wrote, how its context was formed, and the turn it follows (index)."""
+    """One served turn: a summary the model wrote, how its context was formed, the turn it follows (its index in
+    the plan), its context's length and its trajectory segments as ``(role, text)``, in order."""
 
     boundary: Boundary
     parent: int | None
     context_bytes: int
+    segments: tuple[tuple[Role, str], ...]
+
+
+def turn_segments(summary: SummaryRead, first: bool) -> tuple[tuple[Role, str], ...]:
+    """The turn's trajectory: the previous summary line it starts from (role ``summary``, masked; none for the
+    first), the user turns and the cue (role ``user``), and the summary the model wrote (role ``policy``, trained).
+    """
+    head, _, rest = summary.prompt.partition("\n")
+    starts_from_summary = not first and head.startswith(SUMMARY_CUE) and bool(rest)
+    segments: list[tuple[Role, str]] = [("summary", head + "\n")] if starts_from_summary else []
+    segments.append(("user", rest if starts_from_summary else summary.prompt))
+    segments.append(("policy", summary.text))
+    return tuple(segments)
 
 
 def turn_plan(outcome: SummaryOutcome) -> list[PlannedTurn]:
     """The trajectory's served turns: one per summary, each trainable (agent ``single``).
 
     The first summary's context grew from the session's start (boundary ``none``); every later one was formed from
-    the previous summary (boundary ``summary``, following it), which is how the distiller marks a summary turn.
-    ``context_bytes`` is the prompt's length, its tokens for the byte-level model.
+    the previous summary (boundary ``summary``, following it), which is how the distiller marks the previous one a
+    summary turn. ``context_bytes`` is the prompt's length, its tokens for the byte-level model.
     """
     return [
         PlannedTurn(
             boundary="summary" if index else "none",
             parent=index - 1 if index else None,
             context_bytes=len(summary.prompt.encode()),
+            segments=turn_segments(summary, first=index == 0),
         )
         for index, summary in enumerate(outcome.summaries)
     ]
