@@ -106,8 +106,9 @@ class SummarySettings(BaseModel):
     trigger_bytes: int = Field(
         default=256,
         ge=96,
-        le=600,
-        description="A summary is asked for when the running context passes this many bytes.",
+        le=PROMPT_BYTES - LONGEST_TURN_BYTES - 1 - len(SUMMARY_CUE),
+        description="A summary is asked for when the running context passes this many bytes (at most 358, so that "
+        "the prompt, this plus the turn that passed it and the cue, stays within PROMPT_BYTES).",
     )
     summary_limit_bytes: int = Field(
         default=64,
