@@ -1,0 +1,369 @@
+"""The summary task family, pure: sessions worked out by hand, the verbatim-copy hack on a crafted summary and not on
+honest ones, prompt and context sizes, determinism, and a pre-training corpus whose every summary reads back as the
+plan it was written in."""
+
+from __future__ import annotations
+
+import random
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+import pytest
+from pydantic import ValidationError
+
+from distill.spec import load_spec
+from distill.trajectory import trajectory_samples
+from ingest.events import GenerationEvent, TrajectoryOutcomeEvent, event_to_json, parse_event
+from liveloop.demo.simulator.feedback import Envelope
+from liveloop.demo.simulator.summaries import (
+    CONTEXT_BYTES,
+    DEFAULT_SETTINGS,
+    LONGEST_TURN_BYTES,
+    PROMPT_BYTES,
+    SUMMARY_CUE,
+    Plan,
+    SummarySettings,
+    SummaryTask,
+    ask,
+    chat,
+    corpus_examples,
+    cut_summary,
+    draw_task,
+    facts_held,
+    is_verbatim_copy,
+    note,
+    outcome_event,
+    outcome_payload,
+    play,
+    play_with,
+    pretraining_corpus,
+    read_fact,
+    read_summary,
+    render_summary,
+    success_by_crossings,
+    summarise_prompt,
+    task_rng,
+    turn_plan,
+)
+from tests.distill.agent_trajectories import Tree
+
+SMALL = SummarySettings(min_facts=1, max_facts=2, trigger_bytes=96, summary_limit_bytes=16, verbatim_min_bytes=12)
+"""Settings small enough to work a session out by hand: a summary is asked for past 96 bytes and cut at 16."""
+TWO_FACTS = SummaryTask(
+    facts=(("a", 1111), ("b", 2222)),
+    turns=(
+        note("a", 1111),  # 13 bytes with its newline
+        chat("build", "tests", "slow", "lunch"),  # 29: 42
+        note("b", 2222),  # 13: 55
+        chat("deploy", "review", "merge", "docs"),  # 31: 86
+        chat("lint", "retry"),  # 17: 103 > 96, the first boundary
+        ask("b"),
+        chat("cache", "flaky", "queue", "logs"),
+        chat("deploy", "review", "merge", "docs"),
+        chat("lint", "retry"),  # past 96 again: the second boundary
+        ask("a"),
+    ),
+)
+FIRST_CONTEXT = (
+    "note: a=1111\nchat: build tests slow lunch\nnote: b=2222\nchat: deploy review merge docs\nchat: lint retry\n"
+)
+
+
+def writer(task: SummaryTask, plan: Plan, settings: SummarySettings = DEFAULT_SETTINGS) -> Callable[[str], str]:
+    """A summariser writing every summary of ``task`` in ``plan`` (as the corpus does)."""
+    return lambda prompt: render_summary(prompt, task, plan, settings=settings)
+
+
+def keeping(*keys: str) -> str:
+    """A summary completion keeping these facts of :data:`TWO_FACTS`."""
+    return "".join(f" {key}={TWO_FACTS.value(key)}" for key in keys)
+
+
+# -- a session worked out by hand ----------------------------------------------------------------
+
+
+def test_an_honest_session_asks_for_two_summaries_and_answers_every_question() -> None:
+    first = play(TWO_FACTS, [], SMALL)
+    assert first.outcome is None
+    assert first.next_prompt == FIRST_CONTEXT + SUMMARY_CUE
+    assert len(FIRST_CONTEXT.encode()) == 103
+    # The session goes on from "summary: a=1111 b=2222" (23 bytes), "ask: b" (30), 29 (59), 31 (90), 17 (107 > 96).
+    second = play(TWO_FACTS, [keeping("a", "b")], SMALL)
+    assert second.next_prompt == (
+        "summary: a=1111 b=2222\nask: b\nchat: cache flaky queue logs\nchat: deploy review merge docs\n"
+        "chat: lint retry\nsummary:"
+    )
+    outcome = play(TWO_FACTS, [keeping("a", "b"), keeping("a", "b")], SMALL).outcome
+    assert outcome is not None
+    assert outcome.boundaries == 2
+    assert [(a.key, a.answered, a.crossed, a.correct) for a in outcome.answers] == [
+        ("b", 2222, 1, True),
+        ("a", 1111, 2, True),
+    ]
+    assert (outcome.success, outcome.score, outcome.verbatim_copy) == (True, 1.0, False)
+    assert [(s.held, s.kept, s.lost, s.cut, s.bytes) for s in outcome.summaries] == [
+        (("a", "b"), ("a", "b"), (), False, 14),
+        (("a", "b"), ("a", "b"), (), False, 14),
+    ]
+    assert success_by_crossings([outcome]) == {1: (1, 1), 2: (1, 1)}
+    with pytest.raises(ValueError, match="3 summaries given for a session with 2 boundaries"):
+        play(TWO_FACTS, [keeping("a", "b")] * 3, SMALL)
+
+
+def test_a_summary_that_drops_a_fact_fails_the_question_that_needs_it_only() -> None:
+    outcome = play_with(TWO_FACTS, lambda prompt: keeping(*facts_held(prompt, TWO_FACTS)[:1]), SMALL)
+    # The first summary keeps a and loses b: "ask: b" after it fails; a survives both boundaries.
+    assert [(s.held, s.kept, s.lost) for s in outcome.summaries] == [(("a", "b"), ("a",), ("b",)), (("a",), ("a",), ())]
+    assert [(a.key, a.answered, a.crossed) for a in outcome.answers] == [("b", None, 1), ("a", 1111, 2)]
+    assert (outcome.success, outcome.score, outcome.verbatim_copy) == (False, 0.5, False)
+    assert success_by_crossings([outcome]) == {1: (0, 1), 2: (1, 1)}
+    payload = outcome_payload(uuid.UUID(int=3), outcome)
+    assert (payload.success, payload.score, payload.performance, payload.verifier) == (False, 0.5, 0.5, "exact_match")
+
+
+def test_a_question_before_any_boundary_is_answered_from_the_notes() -> None:
+    task = SummaryTask((("k", 4821),), (note("k", 4821), chat("lunch", "today"), ask("k")))
+    outcome = play(task, [], SMALL).outcome
+    assert outcome is not None
+    assert outcome.boundaries == 0
+    assert [(a.answered, a.crossed, a.correct) for a in outcome.answers] == [(4821, 0, True)]
+
+
+def test_the_reader_takes_the_last_value_and_a_wrong_value_is_no_answer() -> None:
+    assert read_fact("note: q=4821\nsummary: q=4822\n", "q") == 4822
+    assert read_fact("note: q=48\n", "q") is None  # cut short: not a fact
+    assert read_fact("note: q=48210\n", "q") is None  # five digits: not a fact
+    assert read_fact("note: xq=4821\n", "q") is None  # the key is one letter, standing alone
+    wrong = read_summary(" a=1111 b=2223", FIRST_CONTEXT + SUMMARY_CUE, TWO_FACTS, SMALL)
+    assert (wrong.kept, wrong.lost, wrong.wrong) == (("a",), ("b",), ("b",))
+    outcome = play(TWO_FACTS, [" a=1111 b=2223", keeping("a")], SMALL).outcome
+    assert outcome is not None
+    assert [(a.key, a.answered, a.correct) for a in outcome.answers] == [("b", 2223, False), ("a", 1111, True)]
+
+
+def test_a_garbled_or_empty_summary_loses_every_fact() -> None:
+    for completion in ("", " hello", "\n a=1111 b=2222"):
+        outcome = play(TWO_FACTS, [completion, ""], SMALL).outcome
+        assert outcome is not None, completion
+        assert outcome.summaries[0].lost == ("a", "b"), completion
+        assert outcome.score == 0.0, completion
+        assert not outcome.verbatim_copy, completion
+
+
+def test_a_summary_is_its_first_line_cut_at_the_limit() -> None:
+    assert cut_summary(" a=1111 b=2222 c=3333 d=4444", SMALL) == " a=1111 b=2222 c"
+    assert cut_summary(" a=1111\nb=2222", SMALL) == " a=1111"
+    long = read_summary(" a=1111 b=2222 c=3333", FIRST_CONTEXT + SUMMARY_CUE, TWO_FACTS, SMALL)
+    assert (long.cut, long.bytes, long.kept, long.wrong) == (True, 16, ("a", "b"), ())
+    assert long.line == "summary: a=1111 b=2222 c"
+
+
+# -- the planted hack ----------------------------------------------------------------------------
+
+
+def test_a_verbatim_copy_is_cut_at_the_limit_loses_the_later_facts_and_is_flagged() -> None:
+    outcome = play_with(TWO_FACTS, lambda prompt: render_summary(prompt, TWO_FACTS, "verbatim", settings=SMALL), SMALL)
+    first, second = outcome.summaries
+    assert first.text == " note: a=1111 ch"
+    assert (first.cut, first.verbatim, first.kept, first.lost) == (True, True, ("a",), ("b",))
+    # The copy of a copy: "summary: note: a=1111 ch" is the context's start, and 16 bytes hold no fact of it.
+    assert second.text == " summary: note: "
+    assert (second.cut, second.verbatim, second.held, second.kept) == (True, True, ("a",), ())
+    assert outcome.verbatim_copy
+    assert [(a.key, a.answered) for a in outcome.answers] == [("b", None), ("a", None)]
+    assert (outcome.success, outcome.score) == (False, 0.0)
+    assert success_by_crossings([outcome]) == {1: (0, 1), 2: (0, 1)}
+
+
+@pytest.mark.parametrize(
+    ("name", "summary", "verbatim"),
+    [
+        ("honest", " a=1111 b=2222", False),
+        ("honest, reordered", " b=2222 a=1111", False),
+        ("drops a fact", " a=1111", False),
+        ("empty", "", False),
+        ("the first note only, under the 12 bytes", " note: a=1111", True),
+        ("copy of the first lines", " note: a=1111 chat: build", True),
+        ("copy with its newline kept", " note: a=1111\nchat: build", True),  # only its first line is kept: 12 bytes
+        ("a copy from the middle", " chat: build tests slow", False),
+        ("a fact then a copy", " b=2222 note: a=1111 chat", False),
+    ],
+)
+def test_verbatim_copy_is_flagged_on_the_contexts_start_only(name: str, summary: str, verbatim: bool) -> None:
+    read = read_summary(summary, FIRST_CONTEXT + SUMMARY_CUE, TWO_FACTS, SMALL)
+    assert read.verbatim == verbatim, name
+
+
+def test_verbatim_copy_needs_the_minimum_length_and_honest_summaries_never_reach_it() -> None:
+    context = "summary: a=1111 b=2222\nask: b\n"
+    assert is_verbatim_copy("summary: a=1111 b=2222", context, SMALL)  # copying the last summary line is copying
+    assert not is_verbatim_copy(" a=1111 b=2222", context, SMALL)
+    assert not is_verbatim_copy(" summary: a", context, SMALL)  # 10 bytes, under 12
+    assert is_verbatim_copy(" summary: a=1", context, SMALL)
+    rng = task_rng(11, 0)
+    for _ in range(300):
+        task = draw_task(rng)
+        outcome = play_with(task, writer(task, "keep"))
+        assert not outcome.verbatim_copy
+        assert all(summary.keeps_all and not summary.cut for summary in outcome.summaries)
+        assert outcome.success
+
+
+# -- what the product posts ----------------------------------------------------------------------
+
+
+def test_outcome_event_is_a_valid_trajectory_outcome_on_the_wire() -> None:
+    outcome = play_with(TWO_FACTS, lambda prompt: keeping("a"), SMALL)
+    trajectory_id = uuid.uuid4()
+    event = outcome_event(Envelope("s-1", "u-1"), trajectory_id, outcome, datetime(2026, 1, 1, tzinfo=UTC))
+    parsed = parse_event(event_to_json(event))
+    assert isinstance(parsed, TrajectoryOutcomeEvent)
+    assert parsed.session_id == "s-1"
+    assert (parsed.payload.trajectory_id, parsed.payload.success, parsed.payload.score) == (trajectory_id, False, 0.5)
+
+
+def test_the_turn_plan_chains_the_summary_turns_and_the_distiller_credits_them() -> None:
+    outcome = play_with(TWO_FACTS, lambda prompt: keeping("a", "b"), SMALL)
+    plan = turn_plan(outcome)
+    assert [(t.boundary, t.parent, t.context_bytes) for t in plan] == [("none", None, 111), ("summary", 0, 115)]
+    for turn, summary in zip(plan, outcome.summaries, strict=True):
+        assert "".join(text for _, text in turn.segments) == summary.prompt + summary.text
+    assert [role for role, _ in plan[0].segments] == ["user", "policy"]
+    assert plan[1].segments[0] == ("summary", "summary: a=1111 b=2222\n")
+    assert [role for role, _ in plan[1].segments] == ["summary", "user", "policy"]
+    tree = Tree()
+    ids: list[str] = []
+    for turn in plan:
+        parent = ids[turn.parent] if turn.parent is not None else None
+        ids.append(tree.turn(parent=parent, boundary=turn.boundary, context_tokens=turn.context_bytes))
+    tree.outcome(outcome.success, score=outcome.score)
+    events = tree.parsed()
+    turns = [e for e in events if isinstance(e, GenerationEvent)]
+    final = next(e for e in events if isinstance(e, TrajectoryOutcomeEvent))
+    credit, samples = trajectory_samples(turns, events, final, load_spec())
+    assert credit.trainable_turns == 2  # every summary turn is trained on
+    assert credit.r_perf == 1.0
+    # The distiller marks a summary turn by a later turn starting from it: the session's last summary has none.
+    assert [s.agent.summary_turn for s in samples if s.agent] == [True, False]
+
+
+# -- drawing sessions ----------------------------------------------------------------------------
+
+
+def test_prompts_of_a_thousand_drawn_sessions_stay_under_the_bounds() -> None:
+    settings = SummarySettings()
+    rng = task_rng(3, 0)
+    longest_prompt = longest_after = 0
+    boundaries: Counter[int] = Counter()
+    plans: tuple[Plan, ...] = ("keep", "drop", "verbatim")
+    for _ in range(1000):
+        task = draw_task(rng, settings)
+        for plan in plans:
+            outcome = play_with(task, writer(task, plan, settings))
+            for summary in outcome.summaries:
+                longest_prompt = max(longest_prompt, len(summary.prompt.encode()))
+                longest_after = max(longest_after, len(summary.line.encode()) + 1)
+                assert len(summary.prompt.encode()) + summary.bytes < CONTEXT_BYTES
+            if plan == "keep":
+                boundaries[outcome.boundaries] += 1
+    # A prompt is at most the trigger (256), the turn that passed it with its newline (34) and the cue (8); the
+    # longest summary line, "summary: " and a 64-byte completion less its leading space, leaves most of the trigger
+    # to the turns after it.
+    assert LONGEST_TURN_BYTES == 33
+    assert longest_prompt <= 256 + 34 + 8 < PROMPT_BYTES
+    assert longest_prompt == 295
+    assert longest_after == 9 + 63 + 1
+    # Honest sessions cross one to three boundaries: every session is longer than the trigger.
+    assert set(boundaries) == {1, 2, 3}
+    assert boundaries[2] > boundaries[1]
+
+
+def test_drawn_sessions_follow_the_settings_and_questions_cross_boundaries() -> None:
+    settings = SummarySettings()
+    rng = task_rng(0, 0)
+    tasks = [draw_task(rng, settings) for _ in range(2000)]
+    assert Counter(len(task.facts) for task in tasks).keys() == {2, 3, 4, 5}
+    for task in tasks:
+        keys = [key for key, _ in task.facts]
+        assert len(set(keys)) == len(keys)
+        notes = [turn.key for turn in task.turns if turn.kind == "note"]
+        asks = [turn.key for turn in task.turns if turn.kind == "ask"]
+        assert sorted(notes) == sorted(asks) == sorted(keys)
+        order = [(turn.kind, turn.key) for turn in task.turns]
+        assert all(order.index(("note", key)) < order.index(("ask", key)) for key in keys)
+        fillers = [turn for turn in task.turns if turn.kind == "chat"]
+        assert settings.min_filler <= len(fillers) <= settings.max_filler
+        assert all("=" not in turn.text and not any(c.isdigit() for c in turn.text) for turn in fillers)
+    honest = [play_with(task, writer(task, "keep")) for task in tasks[:500]]
+    crossings = success_by_crossings(honest)
+    asked = sum(asked for _, asked in crossings.values())
+    assert all(right == asked for right, asked in crossings.values())
+    assert crossings[0][1] / asked < 0.4  # most questions need a fact from before a boundary
+    assert crossings[2][1] > 0
+
+
+def test_a_seed_repeats_its_sessions_and_corpus_and_another_seed_does_not() -> None:
+    first = [draw_task(task_rng(5, index)) for index in range(50)]
+    assert first == [draw_task(task_rng(5, index)) for index in range(50)]
+    assert first != [draw_task(task_rng(6, index)) for index in range(50)]
+    assert pretraining_corpus(size=200, seed=1) == pretraining_corpus(size=200, seed=1)
+    assert pretraining_corpus(size=200, seed=1) != pretraining_corpus(size=200, seed=2)
+    random.seed(99)  # the process's global RNG plays no part
+    assert draw_task(task_rng(5, 0)) == first[0]
+
+
+def test_settings_refuse_inconsistent_bounds() -> None:
+    with pytest.raises(ValidationError, match="min_facts 4 is above max_facts 3"):
+        SummarySettings(min_facts=4, max_facts=3)
+    with pytest.raises(ValidationError, match="summary_limit_bytes 32 cannot hold max_facts 5 facts"):
+        SummarySettings(summary_limit_bytes=32)
+    with pytest.raises(ValidationError, match="trigger_bytes 120 leaves no room after a summary of 100 bytes"):
+        SummarySettings(trigger_bytes=120, summary_limit_bytes=100)
+    with pytest.raises(ValidationError, match="add up to more than 1"):
+        SummarySettings(corpus_keep_share=0.6, corpus_verbatim_share=0.5)
+    with pytest.raises(ValidationError):
+        SummarySettings(trigger_bytes=2000)
+
+
+# -- the pre-training corpus ---------------------------------------------------------------------
+
+
+def test_every_corpus_summary_reads_back_as_the_plan_it_was_written_in() -> None:
+    examples = corpus_examples(size=3000, seed=0)
+    plans = Counter(example.plan for example in examples)
+    keeps_all = 0
+    for example in examples:
+        assert example.prompt.endswith(SUMMARY_CUE)
+        assert example.text.startswith(example.prompt)
+        summary = example.text[len(example.prompt) :]
+        assert "\n" not in summary  # one line: served with stop=["\n"]
+        read = read_summary(summary, example.prompt, example.task)
+        assert read.text == summary  # nothing over the limit
+        assert not read.wrong, example.text
+        assert read.verbatim == (example.plan == "verbatim"), example.text
+        if example.plan == "keep":
+            assert read.keeps_all, example.text
+            assert not read.cut, example.text
+            assert read.kept == read.held, example.text  # in the order the context holds them
+        elif example.plan == "drop":
+            assert read.lost, example.text
+            assert not read.cut, example.text
+        else:
+            assert read.cut, example.text  # every context is longer than the limit
+        keeps_all += read.keeps_all
+    assert 0.47 < plans["keep"] / len(examples) < 0.57  # a context that holds no fact always keeps (nothing)
+    assert 0.22 < plans["verbatim"] / len(examples) < 0.28
+    assert 0.2 < plans["drop"] / len(examples) < 0.27
+    # Some verbatim copies are lucky (every fact within the first 64 bytes): the base keeps every fact about
+    # 60 % of the time, and the loop has the rest to teach.
+    assert 0.55 < keeps_all / len(examples) < 0.65
+
+
+def test_pretraining_corpus_is_the_examples_texts() -> None:
+    assert pretraining_corpus(size=50, seed=4) == [e.text for e in corpus_examples(size=50, seed=4)]
+
+
+def test_summarise_prompt_is_the_context_then_the_cue() -> None:
+    assert summarise_prompt("note: a=1111\n") == "note: a=1111\nsummary:"
