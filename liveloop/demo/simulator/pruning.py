@@ -306,7 +306,9 @@ def read_decision(content: str | None, tool_calls: Sequence[Mapping[str, Any]] |
         ids: list[str] = []
         for arguments in prunes:
             listed = arguments["ids"] if isinstance(arguments["ids"], list) else []
-            ids += [chunk_id for chunk_id in map(_chunk_id, listed) if chunk_id is not None and chunk_id not in ids]
+            for chunk_id in map(_chunk_id, listed):
+                if chunk_id is not None and chunk_id not in ids:
+                    ids.append(chunk_id)
         return Decision("prune", prune_ids=tuple(ids), invalid_calls=invalid)
     if any(call.name == SEARCH for call in parsed.returned):
         return Decision("search", invalid_calls=invalid)
