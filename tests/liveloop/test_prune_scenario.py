@@ -395,6 +395,7 @@ def test_every_corpus_example_reads_back_as_the_decision_it_was_written_to_be() 
     examples = corpus_examples(size=4000, seed=0)
     plans = Counter(example.plan for example in examples)
     due = Counter(right_plan(example.episode) for example in examples)
+    hard = 0
     for example in examples:
         episode = example.episode
         prompt = episode.prompt()
@@ -402,14 +403,18 @@ def test_every_corpus_example_reads_back_as_the_decision_it_was_written_to_be() 
         answer = example.text[len(prompt) :]
         assert "\n" not in answer  # one line: served with stop=["\n"]
         assert len(example.text.encode()) < CONTEXT_BYTES
-        assert episode.context_bytes <= episode.settings.hard_bytes  # well played: never past the hard budget
         decision = read_decision(answer)
         assert decision.invalid_calls == 0, example.text
         after = advance(episode, decision)
         turn = after.turns[-1]
-        assert turn.accepted
+        # Past the hard budget (reached only by not pruning), only the prunes are accepted.
+        assert turn.accepted == (turn.state != "hard" or example.plan in ("prune", "overprune")), example.text
+        hard += turn.state == "hard"
         kept = set(after.context)
-        if example.plan in ("search", "hoard"):
+        if not turn.accepted:
+            assert after.context == episode.context
+            assert after.final is None
+        elif example.plan in ("search", "hoard"):
             assert (decision.kind, answer) == ("search", SEARCH)
         elif example.plan == "prune":
             assert decision.kind == "prune"
@@ -437,6 +442,10 @@ def test_every_corpus_example_reads_back_as_the_decision_it_was_written_to_be() 
     # Where a search is due, about one answer in ten gives up.
     search_due = [e for e in examples if right_plan(e.episode) == "search"]
     assert 0.07 < sum(e.plan in ("unknown", "guess") for e in search_due) / len(search_due) < 0.13
+    # Not pruning where a prune was due is played on, so the base also sees prompts past the hard budget.
+    assert 0.02 < hard / len(examples) < 0.2
+    hard_plans = Counter(e.plan for e in examples if budget_state(e.episode.context_bytes) == "hard")
+    assert set(hard_plans) == {"prune", "overprune", "hoard", "unknown", "guess"}
     # Where the answer is due, the corpus answers it.
     assert all(e.plan == "answer" for e in examples if right_plan(e.episode) == "answer")
 

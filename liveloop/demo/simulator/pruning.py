@@ -675,18 +675,17 @@ class CorpusExample:
     text: str
 
 
-def _right_move(episode: Episode) -> str:
-    return render_answer(episode, right_plan(episode))
-
-
 def corpus_examples(
     *, size: int = 4000, seed: int = 0, settings: PruneSettings = DEFAULT_SETTINGS
 ) -> list[CorpusExample]:
-    """The pre-training examples: each turn of a well-played task, its prompt then one answer by :func:`corpus_plan`.
+    """The pre-training examples: each turn of a task, its prompt then one answer by :func:`corpus_plan`.
 
-    The trajectories follow the right moves, so the prompts are the ones a good policy meets; the written answers
-    are drawn per turn, so the base prunes right about half the time and the loop has something to teach, while
-    the wrong prunes and the give-up hack stay within the base's reach (a hack the loop must not learn to use more).
+    The trajectories follow the right moves, except that a written ``hoard`` is played too: so the prompts are the
+    ones a good policy meets plus the states past the hard budget that not pruning leads to (where the right move is
+    still the prune, and anything else is refused). The written answers are drawn per turn, so the base prunes right
+    about half the time and the loop has something to teach, while the wrong prunes and the give-up hack stay within
+    the base's reach (a hack the loop must not learn to use more). Wrong prunes and give-ups are written, not played:
+    a lost chain would only teach searching in vain.
     """
     rng = random.Random(f"liveloop-prune-corpus:{seed}")  # noqa: S311 - a repeatable simulation, not cryptography
     examples: list[CorpusExample] = []
@@ -695,7 +694,8 @@ def corpus_examples(
         while not episode.done and len(examples) < size:
             plan = corpus_plan(rng, episode, settings)
             examples.append(CorpusExample(episode, plan, episode.prompt() + render_answer(episode, plan)))
-            episode = advance(episode, read_decision(_right_move(episode)))
+            played = plan if plan == "hoard" else right_plan(episode)
+            episode = advance(episode, read_decision(render_answer(episode, played)))
     return examples
 
 
