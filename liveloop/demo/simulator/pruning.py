@@ -3,8 +3,9 @@
 After Chroma's Context-1: a task is a multi-hop lookup over a pool of short chunks, most of them irrelevant. The
 question asks for one key's value; the answer is found by following a chain of 1 to 3 chunks (``k->m``, then
 ``m->p``, then ``p=42``: the answer is 42). Each turn the simulator shows the context (the chunks found and not
-pruned yet) under a hard budget in bytes of the tiny byte-level model's 1024-byte context (:data:`CONTEXT_BYTES`),
-and the model does one thing:
+pruned yet; the task opens with one search of the product's) under a hard budget in bytes of the tiny byte-level
+model's 1024-byte context (:data:`CONTEXT_BYTES`; by default soft 54 and hard 84 bytes, three chunks a search), and
+the model does one thing:
 
 - search on: the simulator's search adds the next ``per_search`` chunks of the pool to the context;
 - prune: a ``prune_chunks`` call, in exactly the syntax :mod:`serving.tool_calls` reads, drops chunks by id;
@@ -21,9 +22,10 @@ chunk kept, in the order found (every line is 10 bytes: ids are two digits, keys
 
 The header is always :data:`HEADER_BYTES` (24) bytes, so ``ctx`` is the prompt's own length: what the gateway
 counts as the turn's ``context_tokens`` (a byte-level model without BOS has one token per byte). ``okay`` is at or
-under the soft threshold, ``soft`` above it (a nudge to prune or finish), ``hard`` above the hard one, where, as at
-the gateway, only a prune is accepted: anything else is refused and is a budget overrun (a search is not run, an
-answer is not taken). The answer is one line (served with ``stop=["\\n"]``) and its first bytes are the decision:
+under the soft threshold, ``soft`` above it (a nudge to prune or finish), ``hard`` above the hard one, where only a
+prune is accepted: anything else is refused and is a budget overrun (a search is not run, an answer is not taken).
+The gateway refuses only tool calls there, and reads none on the completions endpoint: the simulator, as the
+product, refuses the rest. The answer is one line (served with ``stop=["\\n"]``) and its first bytes are the decision:
 ``search``, ``<tool_call>{"name":"prune_chunks","arguments":{"ids":["c12"]}}</tool_call>`` or ``answer 42``.
 
 The search finds the chain's chunks in hop order (the agent searches for the key it is at), at drawn places among
@@ -39,6 +41,7 @@ could still find it (no chain chunk pruned, so the pool still holds the rest).
 :func:`pretraining_corpus` writes the language the base model learns: prompts along a well-played trajectory, each
 with one decision, where at every point a prune is due the decision is the right prune only about half the time
 (otherwise a prune that also drops a chain chunk, no prune, or giving up), and giving up shows up elsewhere too.
+Not pruning is played on, so prompts past the hard budget are in the corpus as well.
 """
 
 from __future__ import annotations
@@ -66,7 +69,8 @@ CONTEXT_BYTES = 1024
 PROMPT_BYTES = 400
 """The most bytes a prompt may take (settings keep the hard budget plus one search under it)."""
 HEADER_BYTES = 24
-"""Bytes of the prompt's header line, ``find k ctx 084/084 soft`` and its newline: always the same."""
+"""Bytes of the prompt's header line, ``find k ctx 084/084 soft`` and its newline: always the same (numbers are
+written with three digits, the states with four letters)."""
 CHUNK_BYTES = 10
 """Bytes of one chunk's line, ``c47: k->m`` or ``c47: m=42`` and its newline: always the same."""
 PRUNE_CHUNKS = "prune_chunks"
@@ -104,7 +108,9 @@ class PruneSettings(BaseModel):
     distractor_pointer_share: float = Field(
         default=0.5, ge=0, le=1, description="Share of distractors that point to another key (the rest hold values)."
     )
-    per_search: int = Field(default=3, ge=1, le=6, description="Chunks one search adds (the first is the task's).")
+    per_search: int = Field(
+        default=3, ge=1, le=6, description="Chunks one search adds (the task opens with one search)."
+    )
     soft_bytes: int = Field(
         default=54,
         ge=HEADER_BYTES,
