@@ -206,11 +206,7 @@ class RangeComparison:
             "range": {"from": self.start.isoformat(), "to": self.end.isoformat()},
             "recorded_spec_hash": self.recorded_spec_hash,
             "replay_spec_hash": self.replay_spec_hash,
-            "counts": {
-                name: getattr(self, name)
-                for name in ("sessions", "recorded", "replayed", "compared", "identical", "differing")
-            }
-            | {"missing_in_stream": self.missing_in_stream, "missing_in_replay": self.missing_in_replay},
+            "counts": {name: getattr(self, name) for name in _COUNTS},
             "no_differences": self.no_differences,
             "component_deltas": {name: d.as_dict() for name, d in sorted(self.component_deltas.items())},
             "distribution": {
@@ -225,14 +221,22 @@ class RangeComparison:
 
 
 _COUNTS = (
-    *("sessions", "recorded", "replayed", "compared", "identical", "differing"),
-    *("missing_in_stream", "missing_in_replay"),
+    "sessions",
+    "recorded",
+    "replayed",
+    "compared",
+    "identical",
+    "differing",
+    "missing_in_stream",
+    "missing_in_replay",
 )
+"""The counts of a :class:`RangeComparison`, in the order its report lists them."""
 
 
 def default_workers() -> int:
-    """How many processes a replay uses unless told: one per core, at most :data:`MAX_WORKERS`."""
-    return max(1, min(os.cpu_count() or 1, MAX_WORKERS))
+    """How many processes a replay uses unless told: one per core this process may run on, at most
+    :data:`MAX_WORKERS`."""
+    return max(1, min(len(os.sched_getaffinity(0)), MAX_WORKERS))
 
 
 def total_variation(first: list[int], second: list[int]) -> float:
@@ -441,7 +445,7 @@ class _Replayer:
             self._merge(_replay_piece(self._job, piece))
             return
         self._pending.append(self._pool.submit(_replay_piece, self._job, piece))
-        while len(self._pending) > 2 * self._workers:
+        while len(self._pending) >= 2 * self._workers:
             self._merge(self._pending.popleft().result())
 
     def __enter__(self) -> _Replayer:
