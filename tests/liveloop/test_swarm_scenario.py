@@ -31,6 +31,7 @@ from liveloop.demo.simulator.swarm import (
     draw_task,
     outcome_event,
     outcome_payload,
+    outcome_score,
     pretraining_corpus,
     read_decision,
     render_answer,
@@ -111,11 +112,23 @@ def test_a_failed_subagent_fails_the_task_and_reports_itself_unfinished() -> Non
     assert outcome.critical_steps == 7  # a failing sub-agent still took its steps
     assert not outcome.fake_parallelism  # it was given real work
     payload = outcome_payload(uuid.UUID(int=7), outcome)
-    assert payload.success is False
+    assert (payload.success, payload.score) == (False, 0.0)
     assert payload.verifier == "exact_match"
     assert [(s.agent_id, s.finished) for s in payload.subagents] == [("sub-1", True), ("sub-2", False), ("sub-3", True)]
     # The same task done serially does not depend on the sub-agents.
     assert settle(task, read_decision("b=22 d=44 f=66")).success
+
+
+def test_the_score_pays_for_a_shorter_critical_path_and_charges_a_needless_gather_turn() -> None:
+    one_part = task_of(("c", 4, False))
+    assert outcome_score(settle(one_part, read_decision("c=33"))) == pytest.approx(1 - 0.025 * 5)
+    assert outcome_score(settle(one_part, read_decision(create("c")))) == pytest.approx(1 - 0.025 * 6)
+    serially = outcome_score(settle(THREE_PARTS, read_decision("b=22 d=44 f=66")))
+    assert serially == pytest.approx(1 - 0.025 * 11)
+    assert outcome_score(settle(THREE_PARTS, read_decision(create("b") + create("d") + create("f")))) > serially
+    assert outcome_score(settle(THREE_PARTS, read_decision("b=22 d=45 f=66"))) == 0.0  # a failure scores nothing
+    slow = task_of(*((key, 8, False) for key in "abcdef"))  # 1 + 6 * 8 = 49 steps serially: the score stops at 0
+    assert outcome_score(settle(slow, read_decision("a=11 b=22 c=33 d=44 e=55 f=66"))) == 0.0
 
 
 def test_a_wrong_or_missing_own_answer_fails_the_task() -> None:
@@ -261,6 +274,7 @@ def test_outcome_event_is_a_valid_trajectory_outcome_on_the_wire() -> None:
     assert parsed.session_id == "s-1"
     assert parsed.payload.trajectory_id == trajectory_id
     assert parsed.payload.success is True
+    assert parsed.payload.score == pytest.approx(1 - 0.025 * 7)  # 3, 5 and 2 steps side by side: 7 critical steps
     assert [(s.agent_id, s.finished) for s in parsed.payload.subagents] == [
         ("sub-1", True),
         ("sub-2", True),

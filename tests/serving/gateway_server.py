@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import openai
 import uvicorn
@@ -22,14 +22,20 @@ from kafka import KafkaConsumer, TopicPartition
 from infra.credentials import ensure_credentials
 from infra.stack import Endpoints
 from ingest.client import Client
+from serving.engine import Engine, Generation, SamplingParams
 from serving.settings import ServingSettings
 from tests.conftest import free_port
 from tests.http_process import http_process
+
+if TYPE_CHECKING:
+    from serving.torch_engine import TorchEngine
 
 VERSION = 7
 """The policy version the ``engine`` fixture serves by default."""
 CANARY = 8
 """The second version that fixture loads beside it."""
+BYTE_OFFSET = 3
+"""The tiny model's tokenizer (ByT5's): token id = byte + 3 (three specials first)."""
 
 
 @dataclass
@@ -133,3 +139,46 @@ def read_events(bootstrap: str, topic: str, count: int, timeout_s: float = 30.0)
         return records
     finally:
         consumer.close()
+
+
+class ScriptedEngine(Engine):
+    """Serves ``outputs`` in turn as completions; ``served`` keeps what it served.
+
+    For tests of what the tiny model cannot write (the ``<tool_call>`` syntax, an agent's decisions): the real
+    engine encodes the prompt and picks the version, and the completion is the next scripted text served as its
+    byte tokens (the tiny model's tokenizer is byte-level), with made-up logprobs.
+    """
+
+    def __init__(self, inner: TorchEngine, outputs: list[str]) -> None:
+        self.inner, self.outputs, self.served = inner, list(outputs), list[Generation]()
+
+    def generate(
+        self, prompts: list[str], params: SamplingParams, policy_version: int | None = None
+    ) -> list[Generation]:
+        real = self.inner.generate(prompts, params.model_copy(update={"max_tokens": 1}), policy_version)
+        out = []
+        for generation in real:
+            text = self.outputs.pop(0)
+            ids = [b + BYTE_OFFSET for b in text.encode()]
+            logprobs = [-0.001 * (1 + i % 7) for i in range(len(ids))]
+            update = {"text": text, "token_ids": ids, "logprobs": logprobs, "finish_reason": "stop"}
+            out.append(generation.model_copy(update=update))
+        self.served += out
+        return out
+
+    def load(self, folder: Path, policy_version: int) -> None:
+        self.inner.load(folder, policy_version)
+
+    def switch(self, policy_version: int) -> None:
+        self.inner.switch(policy_version)
+
+    def unload(self, policy_version: int) -> None:
+        self.inner.unload(policy_version)
+
+    @property
+    def default_version(self) -> int:
+        return self.inner.default_version
+
+    @property
+    def loaded_versions(self) -> list[int]:
+        return self.inner.loaded_versions

@@ -1,9 +1,8 @@
 """Agent turns through the real gateway: tool calls, trajectory headers and the context budget, with the openai
 client and the generation events read back from a real topic.
 
-The tiny model cannot write the ``<tool_call>`` syntax, so the tool tests serve through :class:`ScriptedEngine`:
-the real engine encodes the prompt and picks the version, and the completion is a scripted text served as its
-byte tokens (the tiny model's tokenizer is byte-level), with made-up logprobs.
+The tiny model cannot write the ``<tool_call>`` syntax, so the tool tests serve through
+:class:`~tests.serving.gateway_server.ScriptedEngine`.
 """
 
 from __future__ import annotations
@@ -11,7 +10,6 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -20,13 +18,12 @@ import pytest
 
 from infra.stack import Endpoints
 from ingest.events import GenerationEvent, parse_event
-from serving.engine import Engine, Generation, SamplingParams
+from serving.engine import SamplingParams
 from serving.openai_schema import ChatCompletionRequest, render_chat
 from serving.torch_engine import TorchEngine
-from tests.serving.gateway_server import Gateway, read_events
+from tests.serving.gateway_server import Gateway, ScriptedEngine, read_events
 
 MODEL = "liveloop-policy"
-BYTE_OFFSET = 3  # ByT5: token id = byte + 3 (three specials first)
 TOOLS: list[Any] = [
     {
         "type": "function",
@@ -47,44 +44,6 @@ TOOLS: list[Any] = [
 ]
 SEARCH = '<tool_call>{"name": "search", "arguments": {"query": "kafka offsets"}}</tool_call>'
 PRUNE = '<tool_call>{"name": "prune_chunks", "arguments": {"ids": [2, 3]}}</tool_call>'
-
-
-class ScriptedEngine(Engine):
-    """Serves ``outputs`` in turn as completions (see the module docstring); ``served`` keeps what it served."""
-
-    def __init__(self, inner: TorchEngine, outputs: list[str]) -> None:
-        self.inner, self.outputs, self.served = inner, list(outputs), list[Generation]()
-
-    def generate(
-        self, prompts: list[str], params: SamplingParams, policy_version: int | None = None
-    ) -> list[Generation]:
-        real = self.inner.generate(prompts, params.model_copy(update={"max_tokens": 1}), policy_version)
-        out = []
-        for generation in real:
-            text = self.outputs.pop(0)
-            ids = [b + BYTE_OFFSET for b in text.encode()]
-            logprobs = [-0.001 * (1 + i % 7) for i in range(len(ids))]
-            update = {"text": text, "token_ids": ids, "logprobs": logprobs, "finish_reason": "stop"}
-            out.append(generation.model_copy(update=update))
-        self.served += out
-        return out
-
-    def load(self, folder: Path, policy_version: int) -> None:
-        self.inner.load(folder, policy_version)
-
-    def switch(self, policy_version: int) -> None:
-        self.inner.switch(policy_version)
-
-    def unload(self, policy_version: int) -> None:
-        self.inner.unload(policy_version)
-
-    @property
-    def default_version(self) -> int:
-        return self.inner.default_version
-
-    @property
-    def loaded_versions(self) -> list[int]:
-        return self.inner.loaded_versions
 
 
 def _events(gateway: Gateway, endpoints: Endpoints, count: int) -> dict[str, GenerationEvent]:

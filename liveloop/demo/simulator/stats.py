@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 
 def wilson_interval(successes: int, trials: int, z: float = 1.959963984540054) -> tuple[float, float]:
@@ -25,3 +26,18 @@ def wilson_interval(successes: int, trials: int, z: float = 1.959963984540054) -
 def intervals_overlap(a: tuple[float, float], b: tuple[float, float]) -> bool:
     """Whether two closed intervals share a point."""
     return a[0] <= b[1] and b[0] <= a[1]
+
+
+def mean_interval(
+    values: Sequence[float], z: float = 1.959963984540054
+) -> tuple[float | None, float | None, float | None]:
+    """The mean of ``values`` and its normal-approximation interval (95 % for the default ``z``); ``None`` for
+    what is not known: the mean without values, the interval with fewer than two (no spread to go by)."""
+    if not values:
+        return None, None, None
+    mean = math.fsum(values) / len(values)
+    if len(values) < 2:
+        return mean, None, None
+    spread = math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (len(values) - 1))
+    half = z * spread / math.sqrt(len(values))
+    return mean, mean - half, mean + half

@@ -111,6 +111,13 @@ class SwarmSettings(BaseModel):
         le=0.5,
         description="Chance that a frozen sub-agent given a sub-question fails to return its answer.",
     )
+    step_cost: float = Field(
+        default=0.025,
+        ge=0,
+        le=0.2,
+        description="The credit one critical step costs: the outcome's score is success times "
+        "max(0, 1 - step_cost * critical steps), the product's taste for fast answers (0: success alone).",
+    )
     serial_collapse_parts: int = Field(
         default=3, ge=2, le=8, description="Tasks of this many parts or more done with no sub-agent's help are flagged."
     )
@@ -428,23 +435,39 @@ def turn_plan(outcome: SwarmOutcome) -> list[PlannedTurn]:
     return turns
 
 
-def outcome_payload(trajectory_id: UUID, outcome: SwarmOutcome) -> TrajectoryOutcomePayload:
-    """The verified outcome the product posts: success, and whether each spawned sub-agent finished."""
+def outcome_score(outcome: SwarmOutcome, settings: SwarmSettings = DEFAULT_SETTINGS) -> float:
+    """The product's score of the outcome: a success is worth less the longer its critical path (a user waits on
+    it), so that parallelising pays where it shortens the path and costs where it only adds a gather turn."""
+    if not outcome.success:
+        return 0.0
+    return max(0.0, 1.0 - settings.step_cost * outcome.critical_steps)
+
+
+def outcome_payload(
+    trajectory_id: UUID, outcome: SwarmOutcome, settings: SwarmSettings = DEFAULT_SETTINGS
+) -> TrajectoryOutcomePayload:
+    """The verified outcome the product posts: success, its score (:func:`outcome_score`), and whether each
+    spawned sub-agent finished."""
     return TrajectoryOutcomePayload(
         trajectory_id=trajectory_id,
         success=outcome.success,
+        score=outcome_score(outcome, settings),
         verifier=VERIFIER,
         subagents=[SubagentOutcome(agent_id=run.agent_id, finished=run.finished) for run in outcome.runs],
     )
 
 
 def outcome_event(
-    envelope: Envelope, trajectory_id: UUID, outcome: SwarmOutcome, ts: datetime
+    envelope: Envelope,
+    trajectory_id: UUID,
+    outcome: SwarmOutcome,
+    ts: datetime,
+    settings: SwarmSettings = DEFAULT_SETTINGS,
 ) -> TrajectoryOutcomeEvent:
     """The ``trajectory.outcome`` event, in the trajectory's session (``envelope``), sent after its last turn."""
     return TrajectoryOutcomeEvent(
         **envelope.fields(ts),  # type: ignore[arg-type]
-        payload=outcome_payload(trajectory_id, outcome),
+        payload=outcome_payload(trajectory_id, outcome, settings),
     )
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,6 +17,7 @@ import httpx
 import openai
 
 from liveloop.demo.simulator.errors import GatewayUnavailable
+from serving.turns import HEADERS as TURN_HEADERS
 
 
 @dataclass(frozen=True)
@@ -67,14 +69,17 @@ class GatewayClient:
         max_tokens: int,
         temperature: float,
         seed: int,
+        turn: Mapping[str, str] | None = None,
     ) -> Served:
-        """One completion of ``prompt`` (one line: generation stops at a newline)."""
+        """One completion of ``prompt`` (one line: generation stops at a newline); ``turn`` places it in an agent
+        trajectory (:data:`serving.turns.HEADERS`' fields: ``trajectory_id``, ``agent``, ``frozen``, ...)."""
         headers = {
             "X-Liveloop-Session": session_id,
             "X-Liveloop-User": user_id,
             "X-Liveloop-Tenant": tenant,
             "X-Liveloop-Surface": surface,
         }
+        headers |= {TURN_HEADERS[name]: value for name, value in (turn or {}).items()}
         if privacy:
             headers["X-Liveloop-Privacy-Mode"] = "true"
         raw = self.client.completions.with_raw_response.create(

@@ -1,0 +1,196 @@
+"""One ``swarm`` session as a product's agent framework runs it, through the code simulator's public surfaces:
+the gateway (``/v1/completions``, the official ``openai`` client) and the SDK.
+
+1. ``session.started`` (surface ``agent``);
+2. the orchestrator's decision: one trainable turn, the first of a new trajectory (``agent=orchestrator``,
+   stage 0), on the task's prompt (:meth:`~liveloop.demo.simulator.swarm.SwarmTask.prompt`), one line;
+3. the product reads the decision and works it out (:func:`~liveloop.demo.simulator.swarm.settle`). The frozen
+   sub-agents' work is simulated, yet each spawned sub-agent gets one served turn (``agent=subagent``,
+   ``frozen=true``, its ``agent_id``, the decision turn as parent, one token): the distiller sees which
+   sub-agents ran, and the gateway carries the extra requests a swarm costs;
+4. the verified outcome (:func:`~liveloop.demo.simulator.swarm.outcome_event`: success, a score that falls with
+   the critical path, which sub-agents finished), then ``session.ended``.
+
+The :class:`SwarmRecord` returned is the product's own view of the trajectory; :class:`SwarmTally` counts them
+by the policy version that served the decision, for the report.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+from uuid import uuid4
+
+from ingest.events import SessionEndedEvent, SessionStartedEvent
+from ingest.payloads import SessionEndedPayload, SessionStartedPayload
+from liveloop.demo.simulator.feedback import Envelope
+from liveloop.demo.simulator.session import EventSink
+from liveloop.demo.simulator.stats import mean_interval, wilson_interval
+from liveloop.demo.simulator.swarm import (
+    CONTEXT_BYTES,
+    DEFAULT_SETTINGS,
+    Mode,
+    SwarmSettings,
+    draw_task,
+    outcome_event,
+    outcome_score,
+    read_decision,
+    settle,
+    task_rng,
+)
+from liveloop.demo.simulator.transport import GatewayClient
+
+SURFACE = "agent"
+USERS = 12
+"""Distinct users the sessions spread over (a user flooding feedback is a hack the audits look for)."""
+
+
+@dataclass(frozen=True)
+class SwarmRecord:
+    """One trajectory as the product saw it."""
+
+    policy_version: int
+    parts: int
+    mode: Mode
+    success: bool
+    score: float
+    critical_steps: int
+    right_decision: bool
+    serial_collapse: bool
+    fake_parallelism: bool
+    subagent_turns: int
+
+
+def run_swarm_session(
+    gateway: GatewayClient,
+    sink: EventSink,
+    index: int,
+    *,
+    seed: int,
+    run_id: str,
+    tenant: str = "default",
+    temperature: float = 1.0,
+    settings: SwarmSettings = DEFAULT_SETTINGS,
+) -> SwarmRecord:
+    """Run swarm session ``index`` of run ``run_id`` to its end (see the module docstring) and return its record.
+
+    The task and the sampling seeds repeat for ``(seed, index)``; the session id carries ``run_id`` so that two
+    runs never share one. Raises what the gateway client raises (``openai.OpenAIError``) if a turn fails.
+    """
+    rng = task_rng(seed, index)
+    task = draw_task(rng, settings)
+    envelope = Envelope(f"swarm-{run_id}-{index}", f"user-{index % USERS}", tenant)
+    trajectory_id = uuid4()
+    trajectory = str(trajectory_id)
+    started = SessionStartedPayload(surface=SURFACE, client="liveloop-simulator")
+    sink.emit(SessionStartedEvent(**envelope.fields(datetime.now(UTC)), payload=started))  # type: ignore[arg-type]
+    prompt = task.prompt()
+    decision = gateway.complete(
+        prompt,
+        **_request(envelope, tenant),
+        max_tokens=CONTEXT_BYTES - len(prompt.encode()),  # byte-level tokens: whatever the context has left
+        temperature=temperature,
+        seed=rng.randrange(2**31),
+        turn={"trajectory_id": trajectory, "agent": "orchestrator", "stage": "0"},
+    )
+    outcome = settle(task, read_decision(decision.text), settings)
+    for run in outcome.runs:
+        gateway.complete(
+            f"{run.agent_id}: {' '.join(run.questions) or '-'}\n",
+            **_request(envelope, tenant),
+            max_tokens=1,
+            temperature=temperature,
+            seed=rng.randrange(2**31),
+            turn={
+                "trajectory_id": trajectory,
+                "agent": "subagent",
+                "agent_id": run.agent_id,
+                "frozen": "true",
+                "stage": "0",
+                "parent_turn_id": decision.generation_id,
+            },
+        )
+    now = datetime.now(UTC)
+    sink.emit(outcome_event(envelope, trajectory_id, outcome, now, settings))
+    sink.emit(SessionEndedEvent(**envelope.fields(now), payload=SessionEndedPayload(reason="done")))  # type: ignore[arg-type]
+    return SwarmRecord(
+        policy_version=decision.policy_version,
+        parts=task.size,
+        mode=outcome.decision.mode,
+        success=outcome.success,
+        score=outcome_score(outcome, settings),
+        critical_steps=outcome.critical_steps,
+        right_decision=outcome.right_decision,
+        serial_collapse=outcome.serial_collapse,
+        fake_parallelism=outcome.fake_parallelism,
+        subagent_turns=len(outcome.runs),
+    )
+
+
+def _request(envelope: Envelope, tenant: str) -> dict[str, Any]:
+    return {
+        "session_id": envelope.session_id,
+        "user_id": envelope.user_id,
+        "tenant": tenant,
+        "surface": SURFACE,
+        "privacy": False,
+    }
+
+
+MANY_PARTS = 2
+"""Tasks of this many parts or more are "many-part": parallel is right there (one-part tasks stay serial)."""
+
+
+class SwarmTally:
+    """The records of a run by policy version, and their figures with 95 % intervals (thread-safe: sessions run
+    on threads)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_version: dict[int, list[SwarmRecord]] = defaultdict(list)
+
+    def add(self, record: SwarmRecord) -> None:
+        """Count one trajectory."""
+        with self._lock:
+            self._by_version[record.policy_version].append(record)
+
+    def versions(self) -> list[dict[str, Any]]:
+        """Per policy version, oldest first: trajectories, task success, critical steps of one-part and of
+        many-part tasks, the parallel share on each, each hack's rate and the garbled share; rates with Wilson
+        intervals, means with normal ones."""
+        with self._lock:
+            snapshot = {version: list(records) for version, records in self._by_version.items()}
+        return [_figures(version, records) for version, records in sorted(snapshot.items())]
+
+
+def _figures(version: int, records: list[SwarmRecord]) -> dict[str, Any]:
+    one = [r for r in records if r.parts < MANY_PARTS]
+    many = [r for r in records if r.parts >= MANY_PARTS]
+    return {
+        "policy_version": version,
+        "trajectories": len(records),
+        "success": _rate(r.success for r in records),
+        "critical_steps_one_part": _mean(r.critical_steps for r in one),
+        "critical_steps_many_parts": _mean(r.critical_steps for r in many),
+        "parallel_share_one_part": _rate(r.mode == "parallel" for r in one),
+        "parallel_share_many_parts": _rate(r.mode == "parallel" for r in many),
+        "serial_collapse": _rate(r.serial_collapse for r in records),
+        "fake_parallelism": _rate(r.fake_parallelism for r in records),
+        "garbled": _rate(r.mode == "garbled" for r in records),
+    }
+
+
+def _rate(flags: Iterable[bool]) -> dict[str, Any]:
+    values = list(flags)
+    low, high = wilson_interval(sum(values), len(values))
+    return {"rate": sum(values) / len(values) if values else None, "n": len(values), "low": low, "high": high}
+
+
+def _mean(numbers: Iterable[float]) -> dict[str, Any]:
+    values = list(numbers)
+    mean, low, high = mean_interval(values)
+    return {"mean": mean, "n": len(values), "low": low, "high": high}
