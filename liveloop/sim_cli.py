@@ -31,6 +31,9 @@ def _mix(text: str) -> dict[str, float]:
 
 @app.callback(invoke_without_command=True)
 def simulate(
+    scenario: Annotated[
+        str | None, typer.Option(help="What sessions do: 'code' (the default) or 'swarm' (an orchestrator's tasks).")
+    ] = None,
     minutes: Annotated[float | None, typer.Option(help="How long new sessions keep starting.")] = None,
     seed: Annotated[int | None, typer.Option(help="Run seed: the same seed repeats the same users.")] = None,
     profile: Annotated[
@@ -48,6 +51,7 @@ def simulate(
     from liveloop.demo.simulator.settings import SimulatorSettings
 
     overrides: dict[str, Any] = {
+        "scenario": scenario,
         "minutes": minutes,
         "seed": seed,
         "profile": profile,
@@ -65,6 +69,14 @@ def simulate(
         f"{sum(result.events.values())} events, {len(result.planted_secrets)} secrets planted, "
         f"{result.malformed_sent} malformed events sent"
     )
+    for figures in result.agents:
+        success, many = figures["success"], figures["critical_steps_many_parts"]
+        typer.echo(
+            f"policy version {figures['policy_version']}: {figures['trajectories']} trajectories, success "
+            f"{_share(success)}, critical steps on many-part tasks {_mean(many)}, parallel on one-part tasks "
+            f"{_share(figures['parallel_share_one_part'])}, on many-part tasks "
+            f"{_share(figures['parallel_share_many_parts'])}, fake parallelism {_share(figures['fake_parallelism'])}"
+        )
     for v in result.versions:
         low, high = v.acceptance_ci95
         typer.echo(
@@ -73,3 +85,17 @@ def simulate(
         )
     if summary is None and settings.summary_path is None:
         typer.echo(json.dumps(result.model_dump(mode="json", exclude={"generation_ids", "timeline"}), indent=2))
+
+
+def _share(rate: dict[str, Any]) -> str:
+    if rate["rate"] is None:
+        return "n/a"
+    return f"{rate['rate']:.3f} [{rate['low']:.3f}, {rate['high']:.3f}]"
+
+
+def _mean(mean: dict[str, Any]) -> str:
+    if mean["mean"] is None:
+        return "n/a"
+    if mean["low"] is None:
+        return f"{mean['mean']:.1f}"
+    return f"{mean['mean']:.1f} [{mean['low']:.1f}, {mean['high']:.1f}]"

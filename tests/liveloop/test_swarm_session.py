@@ -9,17 +9,21 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+from typer.testing import CliRunner
 
 from infra.credentials import ensure_credentials
 from infra.stack import Endpoints
 from ingest.client import Client
 from ingest.settings import SdkSettings
 from learner.tiny_model import TinyModelSpec, build_tiny_model, byte_tokenizer
+from liveloop.cli import app
 from liveloop.demo.simulator.stats import mean_interval
+from liveloop.demo.simulator.summary import SimulationSummary
 from liveloop.demo.simulator.swarm import draw_task, render_answer, task_rng
 from liveloop.demo.simulator.swarm_session import SwarmRecord, SwarmTally, run_swarm_session
 from liveloop.demo.simulator.transport import GatewayClient
@@ -46,8 +50,19 @@ def _script() -> list[str]:
     return outputs
 
 
+@dataclass(frozen=True)
+class Served:
+    """The scripted gateway: a client for it, the product's SDK on its events topic, and how to reach it."""
+
+    client: GatewayClient
+    product: Client
+    topic: str
+    url: str
+    key: str
+
+
 @pytest.fixture
-def gateway(endpoints: Endpoints, make_topic: Any, tmp_path: Path) -> Iterator[tuple[GatewayClient, Client, str]]:
+def gateway(endpoints: Endpoints, make_topic: Any, tmp_path: Path) -> Iterator[Served]:
     """The gateway serving :func:`_script` as version 1 to a fresh topic, a client for it, and the product's SDK
     on the same topic."""
     from serving.gateway import create_app
@@ -76,7 +91,7 @@ def gateway(endpoints: Endpoints, make_topic: Any, tmp_path: Path) -> Iterator[t
         app = create_app(settings, ScriptedEngine(engine, _script()), emitter=emitter)
         with serve_in_thread(app, settings.port) as url:
             client = GatewayClient(f"{url}/v1", key, "liveloop-policy", timeout_s=60)
-            yield client, product, topic
+            yield Served(client, product, topic, f"{url}/v1", key)
             client.close()
             assert emitter.flush(timeout=30)
     finally:
@@ -86,9 +101,9 @@ def gateway(endpoints: Endpoints, make_topic: Any, tmp_path: Path) -> Iterator[t
 
 
 def test_each_session_serves_its_decision_and_frozen_subagents_and_posts_the_verified_outcome(
-    gateway: tuple[GatewayClient, Client, str], endpoints: Endpoints
+    gateway: Served, endpoints: Endpoints
 ) -> None:
-    client, product, topic = gateway
+    client, product, topic = gateway.client, gateway.product, gateway.topic
     records = [run_swarm_session(client, product, index, seed=SEED, run_id="test") for index in range(len(PLANS))]
     assert product.flush(timeout=30)
     tasks = [draw_task(task_rng(SEED, index)) for index in range(len(PLANS))]
@@ -127,6 +142,34 @@ def _check_session(events: list[dict[str, Any]], record: SwarmRecord) -> None:
         assert (place["trajectory_id"], place["frozen"]) == (trajectory, True)
         assert place["parent_turn_id"] == lead[0]["generation_id"]
     assert sorted(turn["turn"]["agent_id"] for turn in frozen) == sorted(s["agent_id"] for s in outcome["subagents"])
+
+
+def test_liveloop_simulate_runs_swarm_sessions_and_sums_them_up_by_version(
+    gateway: Served, endpoints: Endpoints, tmp_path: Path
+) -> None:
+    env = {
+        "LIVELOOP_SIMULATOR_GATEWAY_KEY": gateway.key,
+        "LIVELOOP_SIMULATOR_CREDENTIALS_PATH": str(tmp_path / "none.json"),
+        "LIVELOOP_SIMULATOR_BOOTSTRAP": endpoints.kafka_bootstrap,
+        "LIVELOOP_SIMULATOR_EVENTS_TOPIC": gateway.topic,
+        "LIVELOOP_SIMULATOR_SDK_JOURNAL_DIR": str(tmp_path / "simulator"),
+        "LIVELOOP_SIMULATOR_MALFORMED_SHARE": "0",
+    }
+    # One session at a time: the script's decisions meet their own tasks.
+    options = ["--scenario", "swarm", "--seed", str(SEED), "--sessions", str(len(PLANS)), "--concurrency", "1"]
+    path = tmp_path / "summary.json"
+    args = ["simulate", *options, "--rate", "50", "--gateway", gateway.url, "--summary", str(path)]
+    result = CliRunner().invoke(app, args, env=env)
+    assert result.exit_code == 0, result.output
+    assert "policy version 1: 6 trajectories, success " in result.output
+    summary = SimulationSummary.model_validate_json(path.read_text())
+    assert (summary.sessions, summary.sessions_by_profile, summary.request_errors) == (6, {"swarm": 6}, 0)
+    assert summary.events == {"session.started": 6, "trajectory.outcome": 6, "session.ended": 6}
+    [version] = summary.agents
+    assert (version["policy_version"], version["trajectories"]) == (1, 6)
+    assert version["garbled"]["rate"] == pytest.approx(1 / 6)
+    assert version["fake_parallelism"]["rate"] == pytest.approx(1 / 6)
+    assert version["parallel_share_one_part"]["n"] + version["parallel_share_many_parts"]["n"] == 6
 
 
 def test_the_tally_gives_rates_and_means_with_intervals_by_version() -> None:

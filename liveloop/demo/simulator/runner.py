@@ -17,6 +17,7 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import UTC, datetime
+from typing import Any
 
 from infra.credentials import load_credentials
 from infra.errors import CredentialsError
@@ -25,6 +26,7 @@ from ingest.settings import SdkSettings
 from liveloop.demo.simulator.session import EventSink, Wiring, run_session
 from liveloop.demo.simulator.settings import SimulatorSettings
 from liveloop.demo.simulator.summary import Recorder, SimulationSummary
+from liveloop.demo.simulator.swarm_session import SwarmTally, run_swarm_session, swarm_session_id
 from liveloop.demo.simulator.transport import GatewayClient, IngestPoster
 
 log = logging.getLogger(__name__)
@@ -61,6 +63,7 @@ class Simulation:
             log.warning("no ingest API or key for tenant %r: malformed events will be skipped", s.tenant)
         gateway = GatewayClient(s.gateway_url, gateway_key.get_secret_value(), s.model, s.request_timeout_s)
         self.recorder = Recorder(s.bucket_s)
+        self.swarm = SwarmTally()  # the swarm scenario's trajectories by policy version
         self.wiring = Wiring(s, gateway, sink, ingest, self.recorder)
         self.started_at = datetime.now(UTC)
         self._thread = threading.Thread(target=self._arrivals, name="liveloop-sim-arrivals", daemon=True)
@@ -83,9 +86,13 @@ class Simulation:
 
     def snapshot(self) -> SimulationSummary:
         """The summary so far, while the run goes on (for a live progress view)."""
-        return self.recorder.summary(
-            self.wiring.run_id, self.settings.seed, self.settings.mix(), self.started_at, self.wiring.elapsed()
+        return self._summary(self.wiring.elapsed())
+
+    def _summary(self, duration_s: float) -> SimulationSummary:
+        summary = self.recorder.summary(
+            self.wiring.run_id, self.settings.seed, self.settings.mix(), self.started_at, duration_s
         )
+        return summary.model_copy(update={"agents": self.swarm.versions()})
 
     def _arrivals(self) -> None:
         s = self.settings
@@ -104,12 +111,24 @@ class Simulation:
 
     def _session(self, index: int) -> None:
         try:
-            run_session(self.wiring, index)
+            if self.settings.scenario == "swarm":
+                self._swarm_session(index)
+            else:
+                run_session(self.wiring, index)
         except Exception:  # one broken session must not end the run; it is logged and counted
             log.exception("simulated session %d failed", index)
             self.recorder.error()
         finally:
             self._slots.release()
+
+    def _swarm_session(self, index: int) -> None:
+        w, s = self.wiring, self.settings
+        w.recorder.session("swarm", swarm_session_id(w.run_id, index), privacy=False)
+        counted = _CountingSink(w)
+        record = run_swarm_session(
+            w.gateway, counted, index, seed=s.seed, run_id=w.run_id, tenant=s.tenant, temperature=s.temperature
+        )
+        self.swarm.add(record)
 
     def finish(self, flush_timeout_s: float = 60.0) -> SimulationSummary:
         """Wait for the arrivals to end and sessions to drain (``drain_s``), deliver the events, summarise."""
@@ -129,12 +148,22 @@ class Simulation:
         self.wiring.gateway.close()
         if self.wiring.ingest is not None:
             self.wiring.ingest.close()
-        summary = self.recorder.summary(
-            self.wiring.run_id, self.settings.seed, self.settings.mix(), self.started_at, duration
-        )
+        summary = self._summary(duration)
         if self.settings.summary_path is not None:
             summary.write(self.settings.summary_path)
         return summary
+
+
+class _CountingSink:
+    """The run's sink, counting every event handed to it in the run's recorder (as code sessions do)."""
+
+    def __init__(self, wiring: Wiring) -> None:
+        self._wiring = wiring
+
+    def emit(self, event: Any) -> bool:
+        sent = self._wiring.sink.emit(event)
+        self._wiring.recorder.event(event.type, sent)
+        return sent
 
 
 def simulate(settings: SimulatorSettings, sink: EventSink | None = None) -> SimulationSummary:

@@ -6,6 +6,7 @@ Times are real seconds: the demo compresses "minutes later" (an edit checked aft
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
@@ -51,6 +52,11 @@ class SimulatorSettings(LiveloopSettings):
     surface: str = Field(default="ide.tab", pattern=_IDENTIFIER, description="Product surface of the sessions.")
 
     # -- who the users are ------------------------------------------------------------------------
+    scenario: Literal["code", "swarm"] = Field(
+        default="code",
+        description="What sessions do: 'code', completions judged by users with hidden preferences (profile, "
+        "profile_mix); 'swarm', an orchestrator's trajectories (liveloop.demo.simulator.swarm).",
+    )
     profile: str = Field(default="semicolons", description="The profile of every session, unless profile_mix is set.")
     profile_mix: dict[str, float] | None = Field(
         default=None, description="Profile name -> weight; sessions draw their profile from it (overrides profile)."

@@ -6,6 +6,7 @@ import threading
 from collections import Counter
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, Field
 
@@ -77,6 +78,10 @@ class SimulationSummary(BaseModel):
     versions: list[VersionStats]
     timeline: list[TimelinePoint]
     generation_ids: list[str] = Field(description="Every generation id the gateway returned, in no order.")
+    agents: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="An agent scenario's figures by policy version (liveloop.demo.simulator.swarm_session.SwarmTally).",
+    )
 
     def write(self, path: Path) -> None:
         """Write the summary as indented JSON (parents created)."""

@@ -65,6 +65,11 @@ class SwarmRecord:
     subagent_turns: int
 
 
+def swarm_session_id(run_id: str, index: int) -> str:
+    """The id of swarm session ``index`` of run ``run_id``."""
+    return f"swarm-{run_id}-{index}"
+
+
 def run_swarm_session(
     gateway: GatewayClient,
     sink: EventSink,
@@ -83,7 +88,7 @@ def run_swarm_session(
     """
     rng = task_rng(seed, index)
     task = draw_task(rng, settings)
-    envelope = Envelope(f"swarm-{run_id}-{index}", f"user-{index % USERS}", tenant)
+    envelope = Envelope(swarm_session_id(run_id, index), f"user-{index % USERS}", tenant)
     trajectory_id = uuid4()
     trajectory = str(trajectory_id)
     started = SessionStartedPayload(surface=SURFACE, client="liveloop-simulator")
