@@ -16,9 +16,9 @@ from pydantic import ValidationError
 from distill.spec import load_spec
 from distill.trajectory import trajectory_samples
 from ingest.events import GenerationEvent, TrajectoryOutcomeEvent, event_to_json, parse_event
+from liveloop.demo.simulator.context import CONTEXT_BYTES
 from liveloop.demo.simulator.feedback import Envelope
 from liveloop.demo.simulator.summaries import (
-    CONTEXT_BYTES,
     DEFAULT_SETTINGS,
     LONGEST_TURN_BYTES,
     PROMPT_BYTES,

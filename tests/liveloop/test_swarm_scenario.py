@@ -16,10 +16,10 @@ from pydantic import ValidationError
 from distill.trajectory import critical_steps as distilled_critical_steps
 from ingest.events import TrajectoryOutcomeEvent, event_to_json, parse_event
 from ingest.payloads import TurnPlace
+from liveloop.demo.simulator.context import CONTEXT_BYTES
 from liveloop.demo.simulator.feedback import Envelope
 from liveloop.demo.simulator.swarm import (
     ASSIGN_TASK,
-    CONTEXT_BYTES,
     CREATE_SUBAGENT,
     PROMPT_BYTES,
     Stage,
@@ -406,3 +406,9 @@ def test_every_corpus_example_reads_back_as_the_decision_it_was_written_to_be() 
 
 def test_pretraining_corpus_is_the_examples_texts() -> None:
     assert pretraining_corpus(size=50, seed=4) == [e.text for e in corpus_examples(size=50, seed=4)]
+
+
+def test_the_task_families_size_against_the_demo_models_real_context() -> None:
+    from learner.tiny_model import TinyModelSpec
+
+    assert TinyModelSpec().max_positions == CONTEXT_BYTES

@@ -4,7 +4,7 @@ After Chroma's Context-1: a task is a multi-hop lookup over a pool of short chun
 question asks for one key's value; the answer is found by following a chain of 1 to 3 chunks (``k->m``, then
 ``m->p``, then ``p=42``: the answer is 42). Each turn the simulator shows the context (the chunks found and not
 pruned yet; the task opens with one search of the product's) under a hard budget in bytes of the tiny byte-level
-model's 1024-byte context (:data:`CONTEXT_BYTES`; by default soft 54 and hard 84 bytes, three chunks a search), and
+model's 1024-byte context (``context.CONTEXT_BYTES``; by default soft 54 and hard 84 bytes, three chunks a search), and
 the model does one thing:
 
 - search on: the simulator's search adds the next ``per_search`` chunks of the pool to the context;
@@ -64,8 +64,6 @@ from liveloop.demo.simulator.feedback import Envelope
 from liveloop.demo.simulator.stats import wilson_interval
 from serving.tool_calls import CLOSE, OPEN, parse_tool_calls, render_call
 
-CONTEXT_BYTES = 1024
-"""The tiny byte-level model's context: a prompt and its longest answer must fit in it."""
 PROMPT_BYTES = 400
 """The most bytes a prompt may take (settings keep the hard budget plus one search under it)."""
 HEADER_BYTES = 24

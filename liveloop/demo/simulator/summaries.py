@@ -1,6 +1,6 @@
 """The ``summary`` task family: a model learns *what* to keep when it summarises its own context (Cursor-style).
 
-A session is longer than the tiny byte-level model's 1024-byte context (:data:`CONTEXT_BYTES`): a sequence of
+A session is longer than the tiny byte-level model's 1024-byte context (``context.CONTEXT_BYTES``): a sequence of
 short user turns, one line each, most of them filler, a few carrying a fact the user asks about later::
 
     note: q=4821
@@ -59,8 +59,6 @@ from ingest.events import TrajectoryOutcomeEvent
 from ingest.payloads import Boundary, Role, TrajectoryOutcomePayload
 from liveloop.demo.simulator.feedback import Envelope
 
-CONTEXT_BYTES = 1024
-"""The tiny byte-level model's context: a summarise prompt and its longest summary must fit in it."""
 PROMPT_BYTES = 400
 """The most bytes a summarise prompt may take (trigger plus the longest turn plus the cue stays under it)."""
 SUMMARY_CUE = "summary:"

@@ -2,7 +2,7 @@
 
 A task is a small price table and ``k`` sub-questions about it (``k`` drawn: about half the tasks have one,
 the rest 2 to 6). The prompt is short, because the model is byte-level with a 1024-byte context
-(:data:`CONTEXT_BYTES`), and is a raw completion prompt (the gateway's ``/v1/completions``; the chat
+(``context.CONTEXT_BYTES``), and is a raw completion prompt (the gateway's ``/v1/completions``; the chat
 endpoint's ``tools`` turn alone would take 232 bytes for these two tools, so the tools get one compact line)::
 
     tools: create_subagent(q) assign_task(id,q)
@@ -62,8 +62,6 @@ from ingest.payloads import AgentKind, SubagentOutcome, TrajectoryOutcomePayload
 from liveloop.demo.simulator.feedback import Envelope
 from serving.tool_calls import CLOSE, OPEN, parse_tool_calls, render_call
 
-CONTEXT_BYTES = 1024
-"""The tiny byte-level model's context: a prompt and its longest answer must fit in it."""
 PROMPT_BYTES = 300
 """The most bytes a rendered prompt may take: the rest of the context is left for the answer."""
 CREATE_SUBAGENT = "create_subagent"

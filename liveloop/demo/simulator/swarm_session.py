@@ -27,11 +27,11 @@ from uuid import uuid4
 
 from ingest.events import SessionEndedEvent, SessionStartedEvent
 from ingest.payloads import SessionEndedPayload, SessionStartedPayload
+from liveloop.demo.simulator.context import CONTEXT_BYTES
 from liveloop.demo.simulator.feedback import Envelope
 from liveloop.demo.simulator.session import EventSink
 from liveloop.demo.simulator.stats import mean_interval, wilson_interval
 from liveloop.demo.simulator.swarm import (
-    CONTEXT_BYTES,
     DEFAULT_SETTINGS,
     Mode,
     SwarmSettings,
