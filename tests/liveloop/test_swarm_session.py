@@ -165,6 +165,7 @@ def test_liveloop_simulate_runs_swarm_sessions_and_sums_them_up_by_version(
     summary = SimulationSummary.model_validate_json(path.read_text())
     assert (summary.sessions, summary.sessions_by_profile, summary.request_errors) == (6, {"swarm": 6}, 0)
     assert summary.events == {"session.started": 6, "trajectory.outcome": 6, "session.ended": 6}
+    assert summary.requests == len(_script())  # every decision and every sub-agent's turn
     [version] = summary.agents
     assert (version["policy_version"], version["trajectories"]) == (1, 6)
     assert version["garbled"]["rate"] == pytest.approx(1 / 6)

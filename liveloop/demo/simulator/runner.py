@@ -129,6 +129,7 @@ class Simulation:
             w.gateway, counted, index, seed=s.seed, run_id=w.run_id, tenant=s.tenant, temperature=s.temperature
         )
         self.swarm.add(record)
+        w.recorder.agent_requests(1 + record.subagent_turns)  # the decision and one turn per sub-agent
 
     def finish(self, flush_timeout_s: float = 60.0) -> SimulationSummary:
         """Wait for the arrivals to end and sessions to drain (``drain_s``), deliver the events, summarise."""

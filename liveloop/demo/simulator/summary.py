@@ -139,6 +139,12 @@ class Recorder:
             self.malformed_skipped += int(not sent)
             self.malformed_dead_lettered += int(dead_lettered)
 
+    def agent_requests(self, count: int) -> None:
+        """Count requests an agent session served: no acceptance to judge them by (the agent tally judges the
+        trajectory)."""
+        with self._lock:
+            self.requests += count
+
     def served(
         self,
         at_s: float,
