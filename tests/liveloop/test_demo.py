@@ -29,7 +29,7 @@ import psycopg
 import pytest
 import yaml
 
-from liveloop.demo.report import DemoReport
+from liveloop.demo.report import DemoReport, Promotion
 from liveloop.store import audit_dsn
 from tests.conftest import free_port
 from tests.distill.stream_harness import DEFAULT_SPEC_PATH
@@ -79,8 +79,7 @@ def test_a_short_demo_trains_evaluates_promotes_and_reports(tmp_path: Path, monk
     assert report.versions, "the simulator recorded no requests"
     assert report.checkpoints, "the learner wrote no checkpoint"
     assert report.gate_decisions, "the gate evaluated nothing"
-    promoted = [p for p in report.promotions if p.action == "promote" and p.from_version is not None]
-    assert promoted, f"nothing was promoted: {report.gate_decisions}"
+    promoted = _promotions(report)
     assert promoted[0].actor == "gate"
     assert report.counts.events > 0
     assert report.counts.samples > 0
@@ -92,6 +91,13 @@ def test_a_short_demo_trains_evaluates_promotes_and_reports(tmp_path: Path, monk
     # every promotion moved the alias to a checkpoint's version.
     assert report.versions[0].version == report.base_version
     assert {p.to_version for p in promoted} <= {c.version for c in report.checkpoints}
+
+
+def _promotions(report: DemoReport) -> list[Promotion]:
+    """The checkpoints' promotions, oldest first (the base's registration as the first champion is not one)."""
+    promoted = [p for p in report.promotions if p.action == "promote" and p.from_version is not None]
+    assert promoted, f"nothing was promoted: {report.gate_decisions}"
+    return promoted
 
 
 def _settled(dsn: str) -> None:
@@ -111,9 +117,7 @@ def _settled(dsn: str) -> None:
 def _audit(report: DemoReport, env: dict[str, str], dsn: str, out: Path) -> None:
     """The audit tools on the demo's own data (issue 41's acceptance)."""
     _settled(dsn)
-    promoted = [p.to_version for p in report.promotions if p.action == "promote" and p.from_version is not None]
-    assert promoted, f"nothing was promoted: {report.gate_decisions}"
-    champion = promoted[-1]
+    champion = _promotions(report)[-1].to_version
     day = datetime.now(UTC).date()
     span = ["--from", f"{day - timedelta(days=1)}", "--to", f"{day + timedelta(days=1)}"]
 
