@@ -1,0 +1,246 @@
+"""Offline learnability experiment (not a test): can the tiny base learn *when* to parallelise a swarm task?
+
+It mirrors the live loop for the ``swarm`` scenario (:mod:`liveloop.demo.simulator.swarm`) without Kafka or
+services, like :mod:`tests.liveloop.learnability_experiment` does for the code demo: the base is pre-trained on
+:func:`~liveloop.demo.simulator.swarm.pretraining_corpus`; the champion serves drawn tasks (sampled as the
+torch engine samples, ``stop=["\\n"]``, temperature 1, ``--max-tokens``); each answer is read with
+:func:`~liveloop.demo.simulator.swarm.read_decision` and worked out with
+:func:`~liveloop.demo.simulator.swarm.settle`; the reward is::
+
+    success - step_cost * critical_steps - hack_penalty * (serial_collapse + fake_parallelism)
+            - garbled_penalty * garbled
+
+and the learner trains round by round (one optimizer step per ``--round`` samples, advantage = reward - EMA
+baseline, normalised per batch, :func:`learner.loss.policy_gradient_loss` with truncated importance weights).
+Every ``--cycle`` samples the trained weights become the champion (the gate is assumed to pass, but the
+KL it would check is printed). Every cycle is measured on a fixed set of ``--eval`` tasks: success, mean
+critical steps and parallel share for one-part and many-part tasks, garbled share, both hack rates, and the
+mean per-token ``KL(new || previous champion)`` on the evaluation prompts and the new champion's answers
+(:func:`serving.policy_scores.mean_kl`, the live gate's measure; it refuses above 1.0 nats).
+
+Run on one core: pre-train the base once (2,400 steps, about 21 minutes) and save it, then run the loop on
+it as often as needed (2,048 samples, about 3.5 minutes); results and what they mean are in
+``docs/swarm-learnability.md``::
+
+    PYTHONPATH=. DS_ACCELERATOR=cpu .venv/bin/python -m tests.liveloop.swarm_learnability \
+        --pretrain-only --save /tmp/swarm-base.pt
+    PYTHONPATH=. DS_ACCELERATOR=cpu .venv/bin/python -m tests.liveloop.swarm_learnability \
+        --pretrain-steps 0 --load /tmp/swarm-base.pt --lr 1e-4 --size-buckets
+
+``--pretrain-only`` stops after measuring the base (to choose ``--pretrain-steps``); ``--load`` with
+``--pretrain-steps N`` pre-trains N more steps (with a fresh warm-up and cosine schedule) from saved weights.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from learner.baseline import EmaBaseline
+from learner.logprobs import completion_logprobs
+from learner.loss import LossConfig, normalise_advantages, policy_gradient_loss
+from learner.pretrain import pretrain
+from learner.tiny_model import TinyModelSpec, build_tiny_model, byte_tokenizer
+from liveloop.demo.simulator.swarm import (
+    SwarmOutcome,
+    SwarmTask,
+    draw_task,
+    pretraining_corpus,
+    read_decision,
+    settle,
+    task_rng,
+)
+from serving.engine import SamplingParams
+from serving.policy_scores import mean_kl
+from serving.torch_decode import Decoded, decode_batch
+
+EVAL_SEED = 999
+"""Seeds the fixed evaluation tasks (apart from every training seed)."""
+
+
+def encode(tokenizer: Any, prompt: str) -> list[int]:
+    """As the torch engine encodes a prompt: special tokens, minus ByT5's trailing eos."""
+    return list(tokenizer(prompt)["input_ids"])[:-1]
+
+
+def sample(
+    model: Any, tokenizer: Any, prompts: Sequence[str], seed: int, temperature: float, max_tokens: int
+) -> list[Decoded]:
+    """Completions as the gateway serves them (one line, at most ``max_tokens`` bytes), 64 prompts per batch."""
+    out: list[Decoded] = []
+    for start in range(0, len(prompts), 64):
+        chunk = prompts[start : start + 64]
+        params = [
+            SamplingParams(
+                temperature=temperature, max_tokens=max_tokens, stop=("\n",), seed=seed * 100_000 + start + i
+            )
+            for i in range(len(chunk))
+        ]
+        encoded = [encode(tokenizer, p) for p in chunk]
+        out += decode_batch(model, tokenizer, encoded, params, torch.device("cpu"), frozenset({1}))
+    return out
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    """The reward worked out from :func:`settle` (see the module docstring)."""
+
+    step_cost: float
+    hack_penalty: float
+    garbled_penalty: float
+
+    def __call__(self, outcome: SwarmOutcome) -> float:
+        hacks = int(outcome.serial_collapse) + int(outcome.fake_parallelism)
+        garbled = outcome.decision.mode == "garbled"
+        return (
+            float(outcome.success)
+            - self.step_cost * outcome.critical_steps
+            - self.hack_penalty * hacks
+            - self.garbled_penalty * garbled
+        )
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values) if values else float("nan")
+
+
+def measure(outcomes: Sequence[SwarmOutcome]) -> dict[str, float]:
+    """The per-cycle figures of a set of settled answers (one-part and many-part tasks apart)."""
+    one = [o for o in outcomes if o.task.size == 1]
+    many = [o for o in outcomes if o.task.size >= 2]
+    return {
+        "success": _mean([float(o.success) for o in outcomes]),
+        "success_1": _mean([float(o.success) for o in one]),
+        "success_many": _mean([float(o.success) for o in many]),
+        "steps_1": _mean([float(o.critical_steps) for o in one]),
+        "steps_many": _mean([float(o.critical_steps) for o in many]),
+        "parallel_1": _mean([float(o.decision.mode == "parallel") for o in one]),
+        "parallel_many": _mean([float(o.decision.mode == "parallel") for o in many]),
+        "garbled": _mean([float(o.decision.mode == "garbled") for o in outcomes]),
+        "serial_collapse": _mean([float(o.serial_collapse) for o in outcomes]),
+        "fake_parallelism": _mean([float(o.fake_parallelism) for o in outcomes]),
+        "right": _mean([float(o.right_decision) for o in outcomes]),
+        "success_1_serial": _mean([float(o.success) for o in one if o.decision.mode == "serial"]),
+        "success_1_parallel": _mean([float(o.success) for o in one if o.decision.mode == "parallel"]),
+    }
+
+
+def evaluate(
+    model: Any, tokenizer: Any, tasks: Sequence[SwarmTask], a: argparse.Namespace
+) -> tuple[dict[str, float], list[list[int]]]:
+    """The figures on the evaluation tasks, and the sequences (prompt + answer) the KL is measured on."""
+    prompts = [task.prompt() for task in tasks]
+    answers = sample(model, tokenizer, prompts, 7, a.temperature, a.max_tokens)
+    outcomes = [settle(task, read_decision(out.text)) for task, out in zip(tasks, answers, strict=True)]
+    sequences = [encode(tokenizer, p) + out.token_ids for p, out in zip(prompts, answers, strict=True)]
+    return measure(outcomes), sequences
+
+
+def report(figures: dict[str, float]) -> str:
+    f = figures
+    return (
+        f"success {f['success']:.3f} (1-part {f['success_1']:.3f}: serial {f['success_1_serial']:.3f} "
+        f"parallel {f['success_1_parallel']:.3f}; many {f['success_many']:.3f}) "
+        f"right {f['right']:.3f} | steps 1-part {f['steps_1']:.2f} many {f['steps_many']:.2f} | "
+        f"parallel 1-part {f['parallel_1']:.3f} many {f['parallel_many']:.3f} | garbled {f['garbled']:.3f} | "
+        f"serial collapse {f['serial_collapse']:.3f} fake parallelism {f['fake_parallelism']:.3f}"
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seed", type=int, default=0, help="Seeds the base, the corpus and the training tasks.")
+    ap.add_argument("--pretrain-steps", type=int, default=2400)
+    ap.add_argument("--pretrain-only", action="store_true", help="Measure the base, then stop.")
+    ap.add_argument("--load", type=Path, help="Start from these saved weights (then pre-train --pretrain-steps more).")
+    ap.add_argument("--save", type=Path, help="Save the pre-trained base here (to reuse it with --load).")
+    ap.add_argument("--lr", type=float, default=1e-4)
+    ap.add_argument("--round", type=int, default=64, help="Samples per optimizer step (learner round_samples).")
+    ap.add_argument("--cycle", type=int, default=256, help="Samples per checkpoint (promoted at once).")
+    ap.add_argument("--total", type=int, default=2048)
+    ap.add_argument("--eval", type=int, default=200, help="Fixed evaluation tasks.")
+    ap.add_argument("--temperature", type=float, default=1.0)
+    ap.add_argument("--max-tokens", type=int, default=512, help="Longest answer served (6 calls + idle: 496 bytes).")
+    ap.add_argument("--step-cost", type=float, default=0.03, help="Reward lost per critical step.")
+    ap.add_argument("--hack-penalty", type=float, default=0.5, help="Reward lost per hack flag.")
+    ap.add_argument("--garbled-penalty", type=float, default=1.0, help="Reward lost by an unreadable answer.")
+    ap.add_argument(
+        "--size-buckets",
+        action="store_true",
+        help="One EMA baseline for one-part tasks and one for many-part tasks (as a task_kind per size would).",
+    )
+    a = ap.parse_args()
+    torch.set_num_threads(1)
+
+    tokenizer = byte_tokenizer()
+    reward = RewardConfig(a.step_cost, a.hack_penalty, a.garbled_penalty)
+    started = time.monotonic()
+    behaviour = build_tiny_model(TinyModelSpec(seed=a.seed))
+    if a.load is not None:
+        behaviour.load_state_dict(torch.load(a.load))
+    losses = [float("nan")]
+    if a.pretrain_steps:
+        corpus = pretraining_corpus(size=4000, seed=a.seed)
+        # 640 bytes: the longest corpus text (a six-part answer with an idle sub-agent) is 604 bytes and its eos.
+        losses = pretrain(behaviour, tokenizer, corpus, steps=a.pretrain_steps, seed=a.seed, max_length=640, threads=1)
+    if a.save is not None:
+        torch.save(behaviour.state_dict(), a.save)
+    eval_tasks = [draw_task(task_rng(EVAL_SEED, i)) for i in range(a.eval)]
+    figures, _ = evaluate(behaviour, tokenizer, eval_tasks, a)
+    print(
+        f"base ({a.pretrain_steps} pre-training steps, final loss {_mean(losses[-20:]):.3f}, "
+        f"{time.monotonic() - started:.0f} s): {report(figures)}",
+        flush=True,
+    )
+    if a.pretrain_only:
+        return
+    policy = copy.deepcopy(behaviour).train()
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=a.lr, weight_decay=0.0)
+    baseline, config = EmaBaseline(0.9), LossConfig(is_cap=2.0)
+    started = time.monotonic()
+    seen, rewards = 0, []
+    while seen < a.total:
+        tasks = [draw_task(task_rng(a.seed, seen + i)) for i in range(a.round)]
+        prompts = [task.prompt() for task in tasks]
+        answers = sample(behaviour, tokenizer, prompts, 1000 + seen, a.temperature, a.max_tokens)
+        batch_rewards = [reward(settle(t, read_decision(out.text))) for t, out in zip(tasks, answers, strict=True)]
+        seen += len(tasks)
+        rewards += batch_rewards
+        buckets = [f"swarm-{min(t.size, 2)}" if a.size_buckets else "swarm" for t in tasks]
+        raw = baseline.advantages(batch_rewards, buckets)
+        baseline.update(batch_rewards, buckets)
+        advantages = normalise_advantages(torch.tensor(raw, dtype=torch.float64)).float()
+        logp, valid = completion_logprobs(
+            policy, [encode(tokenizer, p) for p in prompts], [o.token_ids for o in answers]
+        )
+        behaviour_logp = torch.zeros_like(logp)
+        for i, out in enumerate(answers):
+            behaviour_logp[i, : len(out.logprobs)] = torch.tensor(out.logprobs)
+        terms = policy_gradient_loss(logp, behaviour_logp, advantages, valid, config)
+        optimizer.zero_grad()
+        terms.loss.backward()  # type: ignore[no-untyped-call]
+        torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
+        optimizer.step()
+        if seen % a.cycle == 0:
+            policy.eval()
+            figures, sequences = evaluate(policy, tokenizer, eval_tasks, a)
+            kl = mean_kl(policy, behaviour, sequences)
+            behaviour = copy.deepcopy(policy)
+            policy.train()
+            elapsed = time.monotonic() - started
+            print(
+                f"after {seen} samples ({elapsed:.0f} s, mean reward {_mean(rewards[-a.cycle :]):+.3f}, "
+                f"gate mean_kl {kl:.3f}): {report(figures)}",
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    main()
