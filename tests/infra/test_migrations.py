@@ -29,12 +29,14 @@ def _schema(dsn: str) -> tuple[list[tuple[object, ...]], ...]:
 
 def test_migrations_run_twice_and_leave_the_same_schema(fresh_database: str) -> None:
     first = migrate(fresh_database)
-    assert first == [m.version for m in load_migrations()] == [1, 2]
+    assert first == [m.version for m in load_migrations()] == [1, 2, 3]
     schema = _schema(fresh_database)
     tables = {row[0] for row in schema[0]}
     assert {"events", "dead_letters", "samples", "sample_events", "checkpoints", "checkpoint_offsets",
             "checkpoint_samples", "evaluations", "promotions", "late_feedback", "reward_specs"} <= tables  # fmt: skip
-    assert "samples_policy_version" in {row[0] for row in schema[2]}  # 0002: the per-version summaries' index
+    indexes = {row[0] for row in schema[2]}
+    assert "samples_policy_version" in indexes  # 0002: the per-version summaries' index
+    assert "events_private_sessions" in indexes  # 0003: the audits' privacy filter
     assert migrate(fresh_database) == []
     assert _schema(fresh_database) == schema
 
