@@ -63,23 +63,6 @@ _COUNT = f"""
 """
 
 
-def session_events(
-    conn: psycopg.Connection[Any],
-    start: datetime,
-    end: datetime,
-    session_ids: Collection[str] | None = None,
-    *,
-    batch_rows: int = BATCH_ROWS,
-) -> Iterator[tuple[str, list[Event]]]:
-    """(session id, its events in arrival order) for every session with an event in ``[start, end)``
-    (only ``session_ids`` among them, when given), sessions in byte order of their ids, one at a time.
-
-    Runs inside a transaction of ``conn`` (a named cursor needs one); the caller's connection stays usable.
-    """
-    for session_id, bodies in session_bodies(conn, start, end, session_ids, batch_rows=batch_rows):
-        yield session_id, [archived_event(body) for body in bodies]
-
-
 def session_bodies(
     conn: psycopg.Connection[Any],
     start: datetime,
@@ -88,8 +71,12 @@ def session_bodies(
     *,
     batch_rows: int = BATCH_ROWS,
 ) -> Iterator[tuple[str, list[str]]]:
-    """:func:`session_events` with each event left as its JSON text, for a caller that parses them elsewhere
-    (parallel replay parses them in its worker processes; :func:`archived_event` reads one)."""
+    """(session id, its events' JSON texts in arrival order) for every session with an event in ``[start, end)``
+    (only ``session_ids`` among them, when given), sessions in byte order of their ids, one at a time. The
+    texts are left for the caller to read with :func:`archived_event`: replay parses them in its workers.
+
+    Runs inside a transaction of ``conn`` (a named cursor needs one); the caller's connection stays usable.
+    """
     params = {"start": start, "end": end, "sessions": list(session_ids or ())}
     with conn.cursor(name="archive_session_events") as cursor:
         cursor.itersize = batch_rows
@@ -134,6 +121,6 @@ def count_events(conn: psycopg.Connection[Any], start: datetime, end: datetime) 
 
 
 def count_session_events(conn: psycopg.Connection[Any], start: datetime, end: datetime) -> int:
-    """How many events :func:`session_events` reads for the range, all sessions (for a progress bar's total)."""
+    """How many events :func:`session_bodies` reads for the range, all sessions (for a progress bar's total)."""
     row = conn.execute(_COUNT_SESSION_EVENTS, {"start": start, "end": end}).fetchone()
     return int(row[0]) if row else 0
