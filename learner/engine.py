@@ -126,8 +126,24 @@ def init_distributed(world_size: int) -> tuple[int, int]:
             "with MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE and LOCAL_RANK set"
         )
     logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
+    if world_size == 1 and not on_gpu():
+        _skip_shared_memory_collectives()
     deepspeed.init_distributed(dist_backend="nccl" if on_gpu() else "gloo", verbose=False, **options)
     return int(os.environ["RANK"]), world_size
+
+
+def _skip_shared_memory_collectives() -> None:
+    """Keep DeepSpeed from JIT-compiling its CPU shared-memory all-reduce op on ``init_distributed``.
+
+    The op only speeds up collectives between ranks on one host; a lone CPU rank has none, and compiling it
+    costs 30 s to over 3 minutes of a 2-core machine on a fresh cache (every first start of the learner).
+    DeepSpeed reads op compatibility from ``deepspeed.ops.__compatible_ops__`` and offers no other switch;
+    marking the op incompatible makes it fall back to plain torch.distributed, as on a machine without a compiler.
+    """
+    import deepspeed.ops
+    from deepspeed.ops.op_builder.cpu.comm import ShareMemCommBuilder
+
+    deepspeed.ops.__compatible_ops__[ShareMemCommBuilder.NAME] = False
 
 
 def _free_port() -> int:
