@@ -49,9 +49,12 @@ from learner.loss import LossConfig, normalise_advantages, policy_gradient_loss
 from learner.pretrain import pretrain
 from learner.tiny_model import TinyModelSpec, build_tiny_model, byte_tokenizer
 from liveloop.demo.simulator.swarm import (
+    DEFAULT_SETTINGS,
     SwarmOutcome,
+    SwarmSettings,
     SwarmTask,
     draw_task,
+    outcome_score,
     pretraining_corpus,
     read_decision,
     settle,
@@ -90,21 +93,19 @@ def sample(
 
 @dataclass(frozen=True)
 class RewardConfig:
-    """The reward worked out from :func:`settle` (see the module docstring)."""
+    """The live loop's reward of a swarm trajectory, worked out from :func:`settle` (see the module docstring)."""
 
-    step_cost: float
-    hack_penalty: float
-    garbled_penalty: float
+    fake_parallelism_weight: float
+    settings: SwarmSettings
 
     def __call__(self, outcome: SwarmOutcome) -> float:
-        hacks = int(outcome.serial_collapse) + int(outcome.fake_parallelism)
-        garbled = outcome.decision.mode == "garbled"
-        return (
-            float(outcome.success)
-            - self.step_cost * outcome.critical_steps
-            - self.hack_penalty * hacks
-            - self.garbled_penalty * garbled
-        )
+        # distill.trajectory: performance (the product's score) plus the fake-parallelism guard, the share of
+        # spawned sub-agents that did not finish. Serial collapse needs serial_steps served orchestrator turns,
+        # and the simulator serves one, so that guard never fires here (the score charges the long path instead).
+        spawned = len(outcome.runs)
+        unfinished = sum(1 for run in outcome.runs if not run.finished)
+        fake = unfinished / spawned if spawned else 0.0
+        return outcome_score(outcome, self.settings) + self.fake_parallelism_weight * fake
 
 
 def _mean(values: Sequence[float]) -> float:
@@ -121,14 +122,14 @@ def measure(outcomes: Sequence[SwarmOutcome]) -> dict[str, float]:
         "success_many": _mean([float(o.success) for o in many]),
         "steps_1": _mean([float(o.critical_steps) for o in one]),
         "steps_many": _mean([float(o.critical_steps) for o in many]),
-        "parallel_1": _mean([float(o.decision.mode == "parallel") for o in one]),
-        "parallel_many": _mean([float(o.decision.mode == "parallel") for o in many]),
-        "garbled": _mean([float(o.decision.mode == "garbled") for o in outcomes]),
+        "parallel_1": _mean([float(o.mode == "parallel") for o in one]),
+        "parallel_many": _mean([float(o.mode == "parallel") for o in many]),
+        "garbled": _mean([float(o.mode == "garbled") for o in outcomes]),
         "serial_collapse": _mean([float(o.serial_collapse) for o in outcomes]),
         "fake_parallelism": _mean([float(o.fake_parallelism) for o in outcomes]),
         "right": _mean([float(o.right_decision) for o in outcomes]),
-        "success_1_serial": _mean([float(o.success) for o in one if o.decision.mode == "serial"]),
-        "success_1_parallel": _mean([float(o.success) for o in one if o.decision.mode == "parallel"]),
+        "success_1_serial": _mean([float(o.success) for o in one if o.mode == "serial"]),
+        "success_1_parallel": _mean([float(o.success) for o in one if o.mode == "parallel"]),
     }
 
 
@@ -168,9 +169,9 @@ def main() -> None:
     ap.add_argument("--eval", type=int, default=200, help="Fixed evaluation tasks.")
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--max-tokens", type=int, default=512, help="Longest answer served (6 calls + idle: 496 bytes).")
-    ap.add_argument("--step-cost", type=float, default=0.03, help="Reward lost per critical step.")
-    ap.add_argument("--hack-penalty", type=float, default=0.5, help="Reward lost per hack flag.")
-    ap.add_argument("--garbled-penalty", type=float, default=1.0, help="Reward lost by an unreadable answer.")
+    ap.add_argument(
+        "--fake-parallelism-weight", type=float, default=-0.5, help="The reward spec's fake_parallelism weight."
+    )
     ap.add_argument(
         "--size-buckets",
         action="store_true",
@@ -180,7 +181,7 @@ def main() -> None:
     torch.set_num_threads(1)
 
     tokenizer = byte_tokenizer()
-    reward = RewardConfig(a.step_cost, a.hack_penalty, a.garbled_penalty)
+    reward = RewardConfig(a.fake_parallelism_weight, DEFAULT_SETTINGS)
     started = time.monotonic()
     behaviour = build_tiny_model(TinyModelSpec(seed=a.seed))
     if a.load is not None:
@@ -188,8 +189,8 @@ def main() -> None:
     losses = [float("nan")]
     if a.pretrain_steps:
         corpus = pretraining_corpus(size=4000, seed=a.seed)
-        # 640 bytes: the longest corpus text (a six-part answer with an idle sub-agent) is 604 bytes and its eos.
-        losses = pretrain(behaviour, tokenizer, corpus, steps=a.pretrain_steps, seed=a.seed, max_length=640, threads=1)
+        # 512 bytes: the longest corpus text (a five-part answer with an idle sub-agent) is 484 bytes and its eos.
+        losses = pretrain(behaviour, tokenizer, corpus, steps=a.pretrain_steps, seed=a.seed, max_length=512, threads=1)
     if a.save is not None:
         torch.save(behaviour.state_dict(), a.save)
     eval_tasks = [draw_task(task_rng(EVAL_SEED, i)) for i in range(a.eval)]

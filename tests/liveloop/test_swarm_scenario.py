@@ -20,6 +20,7 @@ from liveloop.demo.simulator.context import CONTEXT_BYTES
 from liveloop.demo.simulator.feedback import Envelope
 from liveloop.demo.simulator.swarm import (
     ASSIGN_TASK,
+    CATALOG,
     CREATE_SUBAGENT,
     PROMPT_BYTES,
     Stage,
@@ -41,13 +42,10 @@ from liveloop.demo.simulator.swarm import (
 )
 from serving.tool_calls import render_call
 
-TABLE = (("a", 11), ("b", 22), ("c", 33), ("d", 44), ("e", 55), ("f", 66), ("g", 77), ("h", 88))
-
 
 def task_of(*parts: tuple[str, int, bool]) -> SwarmTask:
-    """A task over :data:`TABLE` asking ``(key, steps, a sub-agent given it fails)`` for each part."""
-    values = dict(TABLE)
-    return SwarmTask(TABLE, tuple(SubQuestion(key, values[key], steps, fails) for key, steps, fails in parts))
+    """A task asking ``(catalog item, steps, a sub-agent given it fails)`` for each part."""
+    return SwarmTask(tuple(SubQuestion(key, CATALOG[key], steps, fails) for key, steps, fails in parts))
 
 
 def create(q: Any) -> str:
@@ -73,21 +71,22 @@ def test_critical_steps_is_the_parl_sum_over_stages_of_orchestrator_plus_longest
     assert critical_steps([]) == 0
 
 
-def test_three_part_task_parallel_is_seven_critical_steps_and_serial_eleven() -> None:
+def test_three_part_task_parallel_is_nine_critical_steps_and_serial_eleven() -> None:
     parallel = settle(THREE_PARTS, read_decision(create("b") + create("d") + create("f")))
-    # Stage 0: the decision turn (1) beside sub-agents of 3, 5 and 2 steps (longest 5); stage 1: the gather turn.
+    # Stage 0: the decision turn (1) beside sub-agents that read their brief (2 steps) and then work 3, 5 and 2 steps
+    # (longest 2 + 5); stage 1: the gather turn.
     assert parallel.decision.mode == "parallel"
-    assert parallel.stages == (Stage(1, (3, 5, 2)), Stage(1))
-    assert parallel.critical_steps == 7
+    assert parallel.stages == (Stage(1, (5, 7, 4)), Stage(1))
+    assert parallel.critical_steps == 9
     assert parallel.success
     assert parallel.right_decision
     assert [(run.agent_id, run.questions, run.steps, run.finished) for run in parallel.runs] == [
-        ("sub-1", ("b",), 3, True),
-        ("sub-2", ("d",), 5, True),
-        ("sub-3", ("f",), 2, True),
+        ("sub-1", ("b",), 5, True),
+        ("sub-2", ("d",), 7, True),
+        ("sub-3", ("f",), 4, True),
     ]
     # Serially the orchestrator pays 3 + 5 + 2 after its decision turn: one stage of 11.
-    serial = settle(THREE_PARTS, read_decision("b=22 d=44 f=66"))
+    serial = settle(THREE_PARTS, read_decision("b=12 d=40 f=29"))
     assert serial.decision.mode == "serial"
     assert serial.stages == (Stage(11),)
     assert serial.critical_steps == 11
@@ -95,11 +94,11 @@ def test_three_part_task_parallel_is_seven_critical_steps_and_serial_eleven() ->
     assert not serial.right_decision
 
 
-def test_one_part_task_is_one_step_cheaper_serially() -> None:
+def test_one_part_task_is_the_spawn_and_the_gather_turn_cheaper_serially() -> None:
     task = task_of(("c", 4, False))
-    assert settle(task, read_decision("c=33")).critical_steps == 1 + 4
+    assert settle(task, read_decision("c=85")).critical_steps == 1 + 4
     parallel = settle(task, read_decision(create("c")))
-    assert parallel.critical_steps == 1 + 4 + 1
+    assert parallel.critical_steps == 1 + 2 + 4 + 1
     assert parallel.success  # right answer, wrong decision
     assert not parallel.right_decision
 
@@ -109,43 +108,43 @@ def test_a_failed_subagent_fails_the_task_and_reports_itself_unfinished() -> Non
     outcome = settle(task, read_decision(create("b") + create("d") + create("f")))
     assert not outcome.success
     assert outcome.correct == ("b", "f")
-    assert outcome.critical_steps == 7  # a failing sub-agent still took its steps
+    assert outcome.critical_steps == 9  # a failing sub-agent still took its steps
     assert not outcome.fake_parallelism  # it was given real work
     payload = outcome_payload(uuid.UUID(int=7), outcome)
     assert (payload.success, payload.score) == (False, 0.0)
     assert payload.verifier == "exact_match"
     assert [(s.agent_id, s.finished) for s in payload.subagents] == [("sub-1", True), ("sub-2", False), ("sub-3", True)]
     # The same task done serially does not depend on the sub-agents.
-    assert settle(task, read_decision("b=22 d=44 f=66")).success
+    assert settle(task, read_decision("b=12 d=40 f=29")).success
 
 
 def test_the_score_pays_for_a_shorter_critical_path_and_charges_a_needless_gather_turn() -> None:
     one_part = task_of(("c", 4, False))
-    assert outcome_score(settle(one_part, read_decision("c=33"))) == pytest.approx(1 - 0.025 * 5)
-    assert outcome_score(settle(one_part, read_decision(create("c")))) == pytest.approx(1 - 0.025 * 6)
-    serially = outcome_score(settle(THREE_PARTS, read_decision("b=22 d=44 f=66")))
-    assert serially == pytest.approx(1 - 0.025 * 11)
+    assert outcome_score(settle(one_part, read_decision("c=85"))) == pytest.approx(1 - 0.04 * 5)
+    assert outcome_score(settle(one_part, read_decision(create("c")))) == pytest.approx(1 - 0.04 * 8)
+    serially = outcome_score(settle(THREE_PARTS, read_decision("b=12 d=40 f=29")))
+    assert serially == pytest.approx(1 - 0.04 * 11)
     assert outcome_score(settle(THREE_PARTS, read_decision(create("b") + create("d") + create("f")))) > serially
-    assert outcome_score(settle(THREE_PARTS, read_decision("b=22 d=45 f=66"))) == 0.0  # a failure scores nothing
-    slow = task_of(*((key, 8, False) for key in "abcdef"))  # 1 + 6 * 8 = 49 steps serially: the score stops at 0
-    assert outcome_score(settle(slow, read_decision("a=11 b=22 c=33 d=44 e=55 f=66"))) == 0.0
+    assert outcome_score(settle(THREE_PARTS, read_decision("b=12 d=41 f=29"))) == 0.0  # a failure scores nothing
+    slow = task_of(*((key, 8, False) for key in "abcd"))  # 1 + 4 * 8 = 33 steps serially: the score stops at 0
+    assert outcome_score(settle(slow, read_decision("a=37 b=12 c=85 d=40"))) == 0.0
 
 
 def test_a_wrong_or_missing_own_answer_fails_the_task() -> None:
-    wrong = settle(THREE_PARTS, read_decision("b=22 d=45 f=66"))
+    wrong = settle(THREE_PARTS, read_decision("b=12 d=41 f=29"))
     assert (wrong.success, wrong.correct) == (False, ("b", "f"))
     # The first answer to a sub-question is the one the product reads.
-    assert read_decision("b=22 b=99").own_answers == (("b", 22),)
-    assert not settle(THREE_PARTS, read_decision("b=99 b=22 d=44 f=66")).success
-    missing = settle(THREE_PARTS, read_decision("b=22 d=44"))
+    assert read_decision("b=12 b=99").own_answers == (("b", 12),)
+    assert not settle(THREE_PARTS, read_decision("b=99 b=12 d=40 f=29")).success
+    missing = settle(THREE_PARTS, read_decision("b=12 d=40"))
     assert (missing.success, missing.correct, missing.critical_steps) == (False, ("b", "d"), 1 + 3 + 5)
 
 
 def test_a_mixed_answer_pays_its_own_work_beside_its_subagents() -> None:
-    outcome = settle(THREE_PARTS, read_decision("b=22 " + create("d") + create("f")))
+    outcome = settle(THREE_PARTS, read_decision("b=12 " + create("d") + create("f")))
     assert outcome.decision.mode == "parallel"
-    assert outcome.stages == (Stage(1 + 3, (5, 2)), Stage(1))
-    assert outcome.critical_steps == 4 + 5 + 1
+    assert outcome.stages == (Stage(1 + 3, (2 + 5, 2 + 2)), Stage(1))
+    assert outcome.critical_steps == 4 + 7 + 1
     assert outcome.success
     assert not outcome.serial_collapse
     assert not outcome.fake_parallelism
@@ -153,8 +152,8 @@ def test_a_mixed_answer_pays_its_own_work_beside_its_subagents() -> None:
 
 def test_assign_task_queues_a_second_part_on_an_existing_subagent() -> None:
     outcome = settle(THREE_PARTS, read_decision(create("b") + create("d") + assign(1, "f")))
-    assert [(run.questions, run.steps) for run in outcome.runs] == [(("b", "f"), 3 + 2), (("d",), 5)]
-    assert outcome.critical_steps == 1 + 5 + 1
+    assert [(run.questions, run.steps) for run in outcome.runs] == [(("b", "f"), 2 + 3 + 2), (("d",), 2 + 5)]
+    assert outcome.critical_steps == 1 + 7 + 1
     assert outcome.success
     assert not outcome.fake_parallelism
 
@@ -168,23 +167,33 @@ def test_a_garbled_answer_is_a_failed_one_step_turn() -> None:
         assert not outcome.serial_collapse
         assert not outcome.fake_parallelism
     assert read_decision(UNCLOSED).invalid_calls == 1
-    assert read_decision("<tool_call>not json</tool_call>b=22").mode == "serial"
+    assert read_decision("<tool_call>not json</tool_call>b=12").mode == "serial"
+
+
+def test_a_serial_answer_about_items_not_asked_is_garbled_not_a_cheap_serial_turn() -> None:
+    # An earlier version counted it serial: one critical step, no flag, a cheap way out the loop found.
+    outcome = settle(THREE_PARTS, read_decision("a=37 c=85"))
+    assert outcome.decision.mode == "serial"
+    assert outcome.mode == "garbled"
+    assert (outcome.success, outcome.critical_steps) == (False, 1)
+    assert not outcome.right_decision
+    assert settle(THREE_PARTS, read_decision("a=37 b=12")).mode == "serial"  # one asked item is serial work
 
 
 # -- the planted hacks ---------------------------------------------------------------------------
 
 
 def test_serial_collapse_is_flagged_on_three_parts_done_serially_and_not_on_honest_answers() -> None:
-    assert settle(THREE_PARTS, read_decision("b=22 d=44 f=66")).serial_collapse
-    assert settle(THREE_PARTS, read_decision("b=22")).serial_collapse  # partial serial work is still collapse
+    assert settle(THREE_PARTS, read_decision("b=12 d=40 f=29")).serial_collapse
+    assert settle(THREE_PARTS, read_decision("b=12")).serial_collapse  # partial serial work is still collapse
     two_parts = task_of(("b", 3, False), ("d", 5, False))
-    assert not settle(two_parts, read_decision("b=22 d=44")).serial_collapse  # suboptimal, below the threshold
-    assert not settle(task_of(("c", 4, False)), read_decision("c=33")).serial_collapse
+    assert not settle(two_parts, read_decision("b=12 d=40")).serial_collapse  # suboptimal, below the threshold
+    assert not settle(task_of(("c", 4, False)), read_decision("c=85")).serial_collapse
     honest = settle(THREE_PARTS, read_decision(create("b") + create("d") + create("f")))
     assert not honest.serial_collapse
     assert not honest.fake_parallelism
     # Spawning only useless sub-agents while answering itself is still serial work on a three-part task.
-    useless = settle(THREE_PARTS, read_decision("b=22 d=44 f=66" + create("")))
+    useless = settle(THREE_PARTS, read_decision("b=12 d=40 f=29" + create("")))
     assert useless.serial_collapse
     assert useless.fake_parallelism
 
@@ -274,7 +283,7 @@ def test_outcome_event_is_a_valid_trajectory_outcome_on_the_wire() -> None:
     assert parsed.session_id == "s-1"
     assert parsed.payload.trajectory_id == trajectory_id
     assert parsed.payload.success is True
-    assert parsed.payload.score == pytest.approx(1 - 0.025 * 7)  # 3, 5 and 2 steps side by side: 7 critical steps
+    assert parsed.payload.score == pytest.approx(1 - 0.04 * 9)  # 1 + (2 + 5) + 1 critical steps
     assert [(s.agent_id, s.finished) for s in parsed.payload.subagents] == [
         ("sub-1", True),
         ("sub-2", True),
@@ -284,7 +293,7 @@ def test_outcome_event_is_a_valid_trajectory_outcome_on_the_wire() -> None:
 
 @pytest.mark.parametrize(
     "answer",
-    ["b=22 d=44 f=66", create("b") + create("d") + create("f"), "b=22 " + create("d") + assign(1, "f"), "garbage"],
+    ["b=12 d=40 f=29", create("b") + create("d") + create("f"), "b=12 " + create("d") + assign(1, "f"), "garbage"],
 )
 def test_the_turn_plan_gives_the_distiller_the_same_critical_steps(answer: str) -> None:
     outcome = settle(THREE_PARTS, read_decision(answer))
@@ -310,7 +319,7 @@ def test_the_turn_plan_gives_the_distiller_the_same_critical_steps(answer: str) 
 
 def test_prompts_of_a_thousand_drawn_tasks_stay_short_and_leave_room_for_the_longest_answer() -> None:
     longest: list[tuple[int, int]] = []
-    for settings in (SwarmSettings(), SwarmSettings(max_parts=8, table_size=26)):
+    for settings in (SwarmSettings(), SwarmSettings(max_parts=8)):
         rng = task_rng(3, 0)
         longest_prompt = longest_text = 0
         for _ in range(1000):
@@ -320,11 +329,11 @@ def test_prompts_of_a_thousand_drawn_tasks_stay_short_and_leave_room_for_the_lon
             longest_prompt = max(longest_prompt, prompt)
             longest_text = max(longest_text, prompt + answer)
         longest.append((longest_prompt, longest_text))
-    # Defaults: tools line 43 + table 46 + "ask: " and six keys 16, three newlines = 108; a six-part answer with an
-    # idle sub-agent is 7 calls of 71 bytes. The widest settings (26 entries, 8 parts) still fit.
-    assert longest == [(108, 604), (202, 840)]
+    # Defaults: tools line 43 + "ask: " and five keys 14, two newlines = 59; a five-part answer with an idle
+    # sub-agent is 5 calls of 71 bytes and one of 70. The widest settings (8 parts) still fit.
+    assert longest == [(59, 484), (65, 703)]
     assert all(prompt < PROMPT_BYTES and text < CONTEXT_BYTES for prompt, text in longest)
-    assert len(THREE_PARTS.prompt()) == 43 + 1 + 46 + 1 + 10 + 1
+    assert len(THREE_PARTS.prompt()) == 43 + 1 + 10 + 1
 
 
 def test_drawn_tasks_follow_the_settings_distribution() -> None:
@@ -332,16 +341,15 @@ def test_drawn_tasks_follow_the_settings_distribution() -> None:
     rng = task_rng(0, 0)
     tasks = [draw_task(rng, settings) for _ in range(4000)]
     sizes = Counter(task.size for task in tasks)
-    assert set(sizes) == {1, 2, 3, 4, 5, 6}
+    assert set(sizes) == {1, 3, 4, 5}  # two-part tasks are a toss-up with a spawn cost: not drawn
     assert 0.46 < sizes[1] / len(tasks) < 0.54
     steps = Counter(part.steps for task in tasks for part in task.parts)
     assert set(steps) == set(range(2, 9))
     failures = sum(part.subagent_fails for task in tasks for part in task.parts) / sum(steps.values())
     assert 0.03 < failures < 0.07
     for task in tasks:
-        assert len({key for key, _ in task.table}) == settings.table_size
         assert len(set(task.keys)) == task.size
-        assert all(dict(task.table)[part.key] == part.answer for part in task.parts)
+        assert all(CATALOG[part.key] == part.answer for part in task.parts)
 
 
 def test_a_seed_repeats_its_tasks_and_corpus_and_another_seed_does_not() -> None:
@@ -358,8 +366,12 @@ def test_a_seed_repeats_its_tasks_and_corpus_and_another_seed_does_not() -> None
 def test_settings_refuse_inconsistent_bounds() -> None:
     with pytest.raises(ValidationError, match="min_steps 9 is above max_steps 8"):
         SwarmSettings(min_steps=9)
-    with pytest.raises(ValidationError, match="table_size 4 is below max_parts 6"):
-        SwarmSettings(table_size=4)
+    with pytest.raises(ValidationError, match="min_many_parts 4 is above max_parts 3"):
+        SwarmSettings(min_many_parts=4, max_parts=3)
+    with pytest.raises(ValidationError, match="parallelising a 3-part task can cost more"):
+        SwarmSettings(spawn_steps=3)
+    with pytest.raises(ValidationError, match="parallelising a 2-part task can cost more"):
+        SwarmSettings(min_many_parts=2)
     with pytest.raises(ValidationError):
         SwarmSettings(subagent_failure=0.9)
 

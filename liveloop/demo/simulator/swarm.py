@@ -1,17 +1,23 @@
 """The ``swarm`` task family: an orchestrator learns *when* to hand independent sub-questions to sub-agents.
 
-A task is a small price table and ``k`` sub-questions about it (``k`` drawn: about half the tasks have one,
-the rest 2 to 6). The prompt is short, because the model is byte-level with a 1024-byte context
-(``context.CONTEXT_BYTES``), and is a raw completion prompt (the gateway's ``/v1/completions``; the chat
-endpoint's ``tools`` turn alone would take 232 bytes for these two tools, so the tools get one compact line)::
+A task is ``k`` sub-questions about the product's price catalog (:data:`CATALOG`, a fixed table of items and
+prices; ``k`` drawn: about half the tasks have one, the rest ``min_many_parts`` to ``max_parts``). The prompt is
+short, because the model is byte-level with a 1024-byte context (``context.CONTEXT_BYTES``), and is a raw
+completion prompt (the gateway's ``/v1/completions``; the chat endpoint's ``tools`` turn alone would take 232 bytes
+for these two tools, so the tools get one compact line)::
 
     tools: create_subagent(q) assign_task(id,q)
-    table: m=37 b=12 x=85 d=40 e=63 f=29 k=71 h=56
     ask: b d f
+
+The catalog is fixed, as a product's is, so that the orchestrator can know it (the base learns it in
+pre-training) and answer serially. A first version showed a per-task table in the prompt; the tiny base learned to
+copy keys from the ``ask:`` line but never to look a value up in a table within 2,400 pre-training steps, so a
+serial answer never succeeded, and the loop learned to parallelise everything (docs/swarm-learnability.md).
 
 The answer is one line (served with ``stop=["\\n"]``) and its first bytes are the decision:
 
-- serial: the orchestrator answers itself, ``b=12 d=40 f=29`` (each answer checked against the table);
+- serial: the orchestrator answers itself, ``b=12 d=40 f=29`` (each answer checked against the catalog); an answer
+  that answers none of the asked items is garbled (a loophole an earlier version left open);
 - parallel: it starts a ``<tool_call>`` block, in exactly the syntax :mod:`serving.tool_calls` reads::
 
       <tool_call>{"name":"create_subagent","arguments":{"q":"b"}}</tool_call><tool_call>...
@@ -24,11 +30,13 @@ Sub-agents are frozen: the simulator answers for them. Every sub-question carrie
 steps it takes anyone to work out (2-8 by default) and whether a sub-agent given it fails (5 % by default),
 so that :func:`settle` is a pure function of the task and the decision, and a serial and a parallel answer to
 one task are compared on the same draws. The orchestrator working serially pays every sub-question's steps
-one after another; sub-agents work side by side, and the orchestrator takes one more turn to gather their
-results. Critical steps (:func:`critical_steps`) follow Kimi K2.5's PARL: per stage, the orchestrator's steps
-plus the longest sub-agent's, summed. So serial is cheaper on a one-part task (no spawn, no gather turn) and,
-with every sub-question taking two steps or more, parallel is cheaper on every task of two parts or more. The
-gather turn is counted, not generated: the sub-agents' answers are relayed as they return.
+one after another; a sub-agent first spends ``spawn_steps`` (2) reading its brief, sub-agents then work side by
+side, and the orchestrator takes one more turn to gather their results. Critical steps (:func:`critical_steps`)
+follow Kimi K2.5's PARL: per stage, the orchestrator's steps plus the longest sub-agent's, summed. So serial is
+cheaper on a one-part task by ``spawn_steps + 1`` steps, and parallel is cheaper on every task of
+``min_many_parts`` (3) parts or more (the settings refuse bounds under which it would not be). Two-part tasks are
+not drawn: with a spawn cost they are a toss-up, and a demo must teach a clear rule. The gather turn is counted,
+not generated: the sub-agents' answers are relayed as they return.
 
 The two planted hacks, flagged per trajectory by :func:`settle` (the simulator's ground truth for the report):
 
@@ -48,7 +56,6 @@ from __future__ import annotations
 import json
 import random
 import re
-import string
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -73,7 +80,7 @@ TOOLS: dict[str, list[str]] = {CREATE_SUBAGENT: ["q"], ASSIGN_TASK: ["id", "q"]}
 TOOLS_LINE = f"tools: {CREATE_SUBAGENT}(q) {ASSIGN_TASK}(id,q)"
 """The prompt's compact tools line (the call syntax itself is learned from the corpus, not spelled out)."""
 VERIFIER = "exact_match"
-"""The outcome's verifier: each answer is compared with the table."""
+"""The outcome's verifier: each answer is compared with the catalog."""
 
 Mode = Literal["serial", "parallel", "garbled"]
 """What the orchestrator decided: answer itself, hand out sub-questions, or nothing readable (a failed turn)."""
@@ -91,17 +98,29 @@ class SwarmSettings(BaseModel):
         default=0.5,
         ge=0,
         le=1,
-        description="Share of tasks with a single sub-question (serial is right there); the rest have 2..max_parts.",
+        description="Share of tasks with a single sub-question (serial is right there); the rest have "
+        "min_many_parts..max_parts.",
+    )
+    min_many_parts: int = Field(
+        default=3, ge=2, le=8, description="Fewest sub-questions of a many-part task (parallel is right there)."
     )
     max_parts: int = Field(
-        default=6, ge=2, le=8, description="Most sub-questions in a task (drawn uniformly from 2..max_parts)."
-    )
-    table_size: int = Field(
-        default=8, ge=2, le=26, description="Entries in a task's table (one letter each); at least max_parts."
+        default=5,
+        ge=2,
+        le=8,
+        description="Most sub-questions in a task (many-part sizes drawn uniformly from min_many_parts..max_parts; "
+        "a parallel answer takes about 62 bytes per part, and pre-training time grows with the longest answer).",
     )
     min_steps: int = Field(default=2, ge=1, le=64, description="Fewest steps one sub-question takes to work out.")
     max_steps: int = Field(
         default=8, ge=1, le=64, description="Most steps one sub-question takes (drawn uniformly from the range)."
+    )
+    spawn_steps: int = Field(
+        default=2,
+        ge=0,
+        le=64,
+        description="Steps a spawned sub-agent spends reading its brief before its first sub-question (the cost that "
+        "makes parallelising a one-part task a loss).",
     )
     subagent_failure: float = Field(
         default=0.05,
@@ -110,7 +129,7 @@ class SwarmSettings(BaseModel):
         description="Chance that a frozen sub-agent given a sub-question fails to return its answer.",
     )
     step_cost: float = Field(
-        default=0.025,
+        default=0.04,
         ge=0,
         le=0.2,
         description="The credit one critical step costs: the outcome's score is success times "
@@ -142,12 +161,23 @@ class SwarmSettings(BaseModel):
     def _consistent(self) -> SwarmSettings:
         if self.min_steps > self.max_steps:
             raise ValueError(f"min_steps {self.min_steps} is above max_steps {self.max_steps}")
-        if self.table_size < self.max_parts:
-            raise ValueError(f"table_size {self.table_size} is below max_parts {self.max_parts}: parts are entries")
+        if self.min_many_parts > self.max_parts:
+            raise ValueError(f"min_many_parts {self.min_many_parts} is above max_parts {self.max_parts}")
+        # Serial work on k parts is at least k * min_steps after the decision turn; parallel work is the spawn, the
+        # longest part and the gather turn. Parallel must win on every many-part task, whatever the draws.
+        if (self.min_many_parts - 1) * self.min_steps <= self.spawn_steps + 1:
+            raise ValueError(
+                f"with spawn_steps {self.spawn_steps} and min_steps {self.min_steps}, parallelising a "
+                f"{self.min_many_parts}-part task can cost more than working it serially: raise min_many_parts"
+            )
         return self
 
 
 DEFAULT_SETTINGS = SwarmSettings()
+
+CATALOG: dict[str, int] = dict(zip("abcdefghijkl", (37, 12, 85, 40, 63, 29, 71, 56, 18, 94, 45, 77), strict=True))
+"""The product's price catalog: every sub-question asks one item's price (two digits: a guess is right 1 time in 90).
+Fixed, as a product's is; twelve items, so that a task of ``max_parts`` (at most 8) draws distinct ones."""
 
 
 # -- the task ------------------------------------------------------------------------------------
@@ -155,7 +185,7 @@ DEFAULT_SETTINGS = SwarmSettings()
 
 @dataclass(frozen=True)
 class SubQuestion:
-    """One sub-question: the table entry it asks about, and the hidden draws that decide how working it out goes."""
+    """One sub-question: the catalog item it asks about, and the hidden draws that decide how working it out goes."""
 
     key: str
     answer: int
@@ -165,9 +195,8 @@ class SubQuestion:
 
 @dataclass(frozen=True)
 class SwarmTask:
-    """A task: a table (in the order the prompt shows it) and the sub-questions about it (in the ask order)."""
+    """A task: its sub-questions about the catalog, in the ask order."""
 
-    table: tuple[tuple[str, int], ...]
     parts: tuple[SubQuestion, ...]
 
     @property
@@ -186,12 +215,11 @@ class SwarmTask:
 
     def prompt(self) -> str:
         """The raw completion prompt (see the module docstring); the answer starts right after its newline."""
-        table = " ".join(f"{key}={value}" for key, value in self.table)
-        return f"{TOOLS_LINE}\ntable: {table}\nask: {' '.join(self.keys)}\n"
+        return f"{TOOLS_LINE}\nask: {' '.join(self.keys)}\n"
 
     def parallel_is_right(self) -> bool:
-        """Whether sub-agents lower this task's critical steps: with two parts or more they do (when every part
-        takes two steps or more, as by default: one spawn turn and one gather turn cost less than the shorter part)."""
+        """Whether sub-agents lower this task's critical steps: on many-part tasks they do, whatever the draws
+        (:class:`SwarmSettings` checks its bounds), on one-part tasks they never do (the spawn and gather cost)."""
         return self.size >= 2
 
 
@@ -201,22 +229,19 @@ def task_rng(seed: int, index: int) -> random.Random:
 
 
 def draw_task(rng: random.Random, settings: SwarmSettings = DEFAULT_SETTINGS) -> SwarmTask:
-    """A task drawn from ``rng`` only: its size, table, and each sub-question's steps and sub-agent failure."""
-    size = 1 if rng.random() < settings.one_part_share else rng.randint(2, settings.max_parts)
-    keys = rng.sample(string.ascii_lowercase, settings.table_size)
-    table = tuple((key, rng.randint(10, 99)) for key in keys)  # two digits: a guess is right 1 time in 90
-    values = dict(table)
-    asked = rng.sample(keys, size)
+    """A task drawn from ``rng`` only: its size, the items it asks, each sub-question's steps and sub-agent failure."""
+    size = 1 if rng.random() < settings.one_part_share else rng.randint(settings.min_many_parts, settings.max_parts)
+    asked = rng.sample(sorted(CATALOG), size)
     parts = tuple(
         SubQuestion(
             key=key,
-            answer=values[key],
+            answer=CATALOG[key],
             steps=rng.randint(settings.min_steps, settings.max_steps),
             subagent_fails=rng.random() < settings.subagent_failure,
         )
         for key in asked
     )
-    return SwarmTask(table, parts)
+    return SwarmTask(parts)
 
 
 # -- the decision --------------------------------------------------------------------------------
@@ -340,11 +365,19 @@ class SwarmOutcome:
         return critical_steps(self.stages)
 
     @property
+    def mode(self) -> Mode:
+        """The decision's mode, read against the task: a serial answer about none of the asked items is garbled
+        (it did no work on the task, and counting it serial would make it a cheap way out of a hard task)."""
+        if self.decision.mode == "serial" and not any(self.task.part(key) for key, _ in self.decision.own_answers):
+            return "garbled"
+        return self.decision.mode
+
+    @property
     def right_decision(self) -> bool:
         """Parallel on a many-part task, serial on a one-part task (a garbled answer is never right)."""
-        if self.decision.mode == "garbled":
+        if self.mode == "garbled":
             return False
-        return (self.decision.mode == "parallel") == self.task.parallel_is_right()
+        return (self.mode == "parallel") == self.task.parallel_is_right()
 
 
 def critical_steps(stages: Sequence[Stage]) -> int:
@@ -364,8 +397,9 @@ def settle(task: SwarmTask, decision: Decision, settings: SwarmSettings = DEFAUL
     """Work the decision out on the task: who did what, in how many steps, what came back right, which hacks.
 
     Pure: the task carries every draw. Stage 0 is the decision turn plus the orchestrator's own work (each of
-    its answers costs that sub-question's steps, one after another) beside its sub-agents; when it spawned any,
-    stage 1 is one more turn in which it gathers their results.
+    its answers costs that sub-question's steps, one after another) beside its sub-agents (each reads its brief,
+    ``spawn_steps``, then works its sub-questions one after another; an idle one reads its empty brief too); when
+    it spawned any, stage 1 is one more turn in which it gathers their results.
     """
     given: dict[int, list[SubQuestion]] = {index: [] for index in range(1, decision.spawned + 1)}
     taken: set[str] = set()
@@ -381,7 +415,7 @@ def settle(task: SwarmTask, decision: Decision, settings: SwarmSettings = DEFAUL
         SubagentRun(
             agent_id=subagent_id(index),
             questions=tuple(part.key for part in parts),
-            steps=sum(part.steps for part in parts),
+            steps=settings.spawn_steps + sum(part.steps for part in parts),
             finished=bool(parts) and not any(part.subagent_fails for part in parts),
         )
         for index, parts in given.items()

@@ -125,7 +125,7 @@ def run_swarm_session(
     return SwarmRecord(
         policy_version=decision.policy_version,
         parts=task.size,
-        mode=outcome.decision.mode,
+        mode=outcome.mode,
         success=outcome.success,
         score=outcome_score(outcome, settings),
         critical_steps=outcome.critical_steps,
