@@ -21,7 +21,10 @@ def wilson_interval(successes: int, trials: int, z: float = 1.959963984540054) -
     denominator = 1 + z * z / trials
     centre = (p + z * z / (2 * trials)) / denominator
     half = z * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials)) / denominator
-    return max(0.0, centre - half), min(1.0, centre + half)
+    # At 0 or all successes the bound is exactly 0 or 1; the formula leaves rounding dust there.
+    low = 0.0 if successes == 0 else max(0.0, centre - half)
+    high = 1.0 if successes == trials else min(1.0, centre + half)
+    return low, high
 
 
 def intervals_overlap(a: tuple[float, float], b: tuple[float, float]) -> bool:
