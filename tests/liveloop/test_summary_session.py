@@ -21,10 +21,18 @@ from distill.trajectory import trajectory_samples
 from infra.stack import Endpoints
 from ingest.events import GenerationEvent, TrajectoryOutcomeEvent, parse_event
 from liveloop.cli import app
-from liveloop.demo.simulator.summaries import SummaryOutcome, SummaryRead, draw_task, play_with, task_rng
+from liveloop.demo.simulator.summaries import (
+    SummaryOutcome,
+    SummaryRead,
+    SummarySettings,
+    draw_task,
+    play_with,
+    task_rng,
+)
 from liveloop.demo.simulator.summary import SimulationSummary
 from liveloop.demo.simulator.summary_corpus import render_summary
 from liveloop.demo.simulator.summary_session import SummaryRecord, SummaryTally, run_summary_session
+from liveloop.demo.simulator.transport import GatewayClient
 from tests.liveloop.scripted_gateway import Served, scripted_gateway, simulate_env
 from tests.serving.gateway_server import read_events
 
@@ -179,3 +187,21 @@ def test_the_tally_rates_questions_by_crossings_and_summaries_by_hack() -> None:
     assert first["garbled"]["rate"] == 0.0
     assert second["garbled"]["rate"] == 1.0
     assert (second["success_crossed_1plus"]["rate"], second["success_crossed_1plus"]["low"]) == (0.0, 0.0)
+
+
+def test_a_session_too_short_for_a_summary_serves_nothing_and_counts_under_no_version() -> None:
+    short = SummarySettings(min_facts=1, max_facts=1, min_filler=0, max_filler=0)
+    sent: list[Any] = []
+
+    class Sink:
+        def emit(self, event: Any) -> bool:
+            sent.append(event)
+            return True
+
+    nowhere = GatewayClient("http://127.0.0.1:9/v1", "no-key", "liveloop-policy", timeout_s=1)  # never asked
+    record = run_summary_session(nowhere, Sink(), 0, seed=SEED, run_id="test", settings=short)
+    assert (record.policy_version, record.served_turns, record.outcome.success) == (None, 0, True)
+    assert [event.type for event in sent] == ["session.started", "session.ended"]  # no trajectory, no outcome
+    tally = SummaryTally()
+    tally.add(record)
+    assert tally.versions() == []

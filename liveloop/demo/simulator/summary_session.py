@@ -53,10 +53,11 @@ class SummaryRecord:
     """One trajectory as the product saw it: the played session and the model turns served for it.
 
     ``policy_version`` is the version that served its first summary: a swap mid-session is rare, and the first
-    summary decides most of what the later ones can keep.
+    summary decides most of what the later ones can keep. ``None`` for a session too short to need a summary
+    (none with the default settings): no model turn, so no version to count it under and no trajectory to post.
     """
 
-    policy_version: int
+    policy_version: int | None
     outcome: SummaryOutcome
     served_turns: int
 
@@ -124,12 +125,13 @@ def run_summary_session(
         assert step.next_prompt is not None  # play gives the next prompt or the outcome
         boundary, parent = summary_place(len(written))
         written.append(serve(step.next_prompt, boundary, parent, settings.summary_limit_bytes))
-    if outcome.summaries:  # the closing turn: the last summary becomes a summary turn (summaries.turn_plan)
+    if outcome.summaries:
+        # The closing turn: the last summary becomes a summary turn (see summaries.turn_plan).
         serve(outcome.final_context, "summary", len(generation_ids) - 1, CLOSING_TOKENS)
-    now = datetime.now(UTC)
-    sink.emit(outcome_event(envelope, trajectory_id, outcome, now))
-    sink.emit(SessionEndedEvent(**envelope.fields(now), payload=SessionEndedPayload(reason="done")))  # type: ignore[arg-type]
-    return SummaryRecord(policy_version=versions[0] if versions else 0, outcome=outcome, served_turns=len(versions))
+        sink.emit(outcome_event(envelope, trajectory_id, outcome, datetime.now(UTC)))
+    ended = SessionEndedPayload(reason="done")
+    sink.emit(SessionEndedEvent(**envelope.fields(datetime.now(UTC)), payload=ended))  # type: ignore[arg-type]
+    return SummaryRecord(policy_version=versions[0] if versions else None, outcome=outcome, served_turns=len(versions))
 
 
 class SummaryTally(VersionTally[SummaryRecord]):

@@ -15,10 +15,10 @@ from typing import Any, Generic, Protocol, TypeVar
 
 
 class Versioned(Protocol):
-    """A trajectory's record: the policy version it is counted under."""
+    """A trajectory's record: the policy version it is counted under (``None``: no model turn, not counted)."""
 
     @property
-    def policy_version(self) -> int: ...
+    def policy_version(self) -> int | None: ...
 
 
 R = TypeVar("R", bound=Versioned)
@@ -33,7 +33,9 @@ class VersionTally(Generic[R]):
         self._by_version: dict[int, list[R]] = defaultdict(list)
 
     def add(self, record: R) -> None:
-        """Count one trajectory."""
+        """Count one trajectory (not one that no model served: it says nothing of any version)."""
+        if record.policy_version is None:
+            return
         with self._lock:
             self._by_version[record.policy_version].append(record)
 
