@@ -31,6 +31,7 @@ from liveloop.demo.simulator.pruning import (
     PruneSettings,
     PruneTask,
     advance,
+    answer_bytes,
     budget_state,
     draw_task,
     outcome_event,
@@ -333,6 +334,8 @@ def test_prompts_of_a_thousand_drawn_tasks_stay_within_the_budget_plus_one_searc
     # (under 210 + 60), and a prune of its 20 chunks 69 + 119 = 188.
     assert longest == [(114, 114 + 140), (224, 224 + 188)]
     assert all(prompt <= PROMPT_BYTES and text < CONTEXT_BYTES for prompt, text in longest)
+    # A served turn's max_tokens: a prune naming every chunk of the fullest context (9 at 114 bytes), 69 + 9 * 6 - 1.
+    assert answer_bytes(PruneSettings()) == 122
 
 
 def test_drawn_tasks_follow_the_settings_distribution() -> None:
