@@ -32,7 +32,11 @@ def _mix(text: str) -> dict[str, float]:
 @app.callback(invoke_without_command=True)
 def simulate(
     scenario: Annotated[
-        str | None, typer.Option(help="What sessions do: 'code' (the default) or 'swarm' (an orchestrator's tasks).")
+        str | None,
+        typer.Option(
+            help="What sessions do: 'code' (the default), 'swarm' (an orchestrator's tasks), 'summary' (sessions "
+            "the model summarises) or 'prune' (lookups under a context budget)."
+        ),
     ] = None,
     minutes: Annotated[float | None, typer.Option(help="How long new sessions keep starting.")] = None,
     seed: Annotated[int | None, typer.Option(help="Run seed: the same seed repeats the same users.")] = None,
@@ -70,12 +74,9 @@ def simulate(
         f"{result.malformed_sent} malformed events sent"
     )
     for figures in result.agents:
-        success, many = figures["success"], figures["critical_steps_many_parts"]
+        shown = [f"{name.replace('_', ' ')} {_figure(value)}" for name, value in figures.items() if _figure(value)]
         typer.echo(
-            f"policy version {figures['policy_version']}: {figures['trajectories']} trajectories, success "
-            f"{_share(success)}, critical steps on many-part tasks {_mean(many)}, parallel on one-part tasks "
-            f"{_share(figures['parallel_share_one_part'])}, on many-part tasks "
-            f"{_share(figures['parallel_share_many_parts'])}, fake parallelism {_share(figures['fake_parallelism'])}"
+            f"policy version {figures['policy_version']}: {figures['trajectories']} trajectories, {', '.join(shown)}"
         )
     for v in result.versions:
         low, high = v.acceptance_ci95
@@ -85,6 +86,15 @@ def simulate(
         )
     if summary is None and settings.summary_path is None:
         typer.echo(json.dumps(result.model_dump(mode="json", exclude={"generation_ids", "timeline"}), indent=2))
+
+
+def _figure(value: Any) -> str:
+    """An agent figure as one line's part: a rate or a mean with its interval; "" for what is not one."""
+    if isinstance(value, dict) and "rate" in value:
+        return _share(value)
+    if isinstance(value, dict) and "mean" in value:
+        return _mean(value)
+    return ""
 
 
 def _share(rate: dict[str, Any]) -> str:

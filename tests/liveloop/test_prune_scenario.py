@@ -19,6 +19,7 @@ from distill.trajectory import trajectory_samples
 from ingest.events import GenerationEvent, TrajectoryOutcomeEvent, event_to_json, parse_event
 from liveloop.demo.simulator.context import CONTEXT_BYTES
 from liveloop.demo.simulator.feedback import Envelope
+from liveloop.demo.simulator.prune_corpus import corpus_examples, pretraining_corpus, render_answer, right_plan
 from liveloop.demo.simulator.pruning import (
     HEADER_BYTES,
     PROMPT_BYTES,
@@ -30,17 +31,13 @@ from liveloop.demo.simulator.pruning import (
     PruneSettings,
     PruneTask,
     advance,
+    answer_bytes,
     budget_state,
-    corpus_examples,
     draw_task,
     outcome_event,
     outcome_payload,
     play,
-    pretraining_corpus,
-    rates,
     read_decision,
-    render_answer,
-    right_plan,
     settle,
     start,
     task_rng,
@@ -337,6 +334,8 @@ def test_prompts_of_a_thousand_drawn_tasks_stay_within_the_budget_plus_one_searc
     # (under 210 + 60), and a prune of its 20 chunks 69 + 119 = 188.
     assert longest == [(114, 114 + 140), (224, 224 + 188)]
     assert all(prompt <= PROMPT_BYTES and text < CONTEXT_BYTES for prompt, text in longest)
+    # A served turn's max_tokens: a prune naming every chunk of the fullest context (9 at 114 bytes), 69 + 9 * 6 - 1.
+    assert answer_bytes(PruneSettings()) == 122
 
 
 def test_drawn_tasks_follow_the_settings_distribution() -> None:
@@ -454,23 +453,31 @@ def test_pretraining_corpus_is_the_examples_texts() -> None:
     assert pretraining_corpus(size=50, seed=4) == [e.text for e in corpus_examples(size=50, seed=4)]
 
 
-def test_rates_count_success_within_budget_overruns_and_give_ups() -> None:
-    outcomes = [
-        settle(play(TASK, good)),  # success within budget
-        settle(
-            play_script(TASK, SEARCH, SEARCH, "answer 42", prune("c21", "c33", "c55", "c66", "c70", "c88"), "answer 42")
-        ),  # success with an overrun
-        settle(play_script(TASK, "answer unknown")),  # give up
-        settle(play_script(TASK, SEARCH, prune("c80", "c47"))),  # chain pruned, then garbage to the end
+def test_a_prune_past_the_hard_budget_is_an_overrun_only_if_it_leaves_the_context_above_it() -> None:
+    # Search twice (114 bytes, hard); drop one distractor (104, still hard); drop the rest (54); answer.
+    distractors = ("c21", "c33", "c55", "c66", "c70", "c88")
+    outcome = settle(play_script(TASK, SEARCH, SEARCH, prune("c21"), prune(*distractors[1:]), "answer 42"))
+    turns = outcome.episode.turns
+    assert [(t.context_bytes, t.state, t.accepted, t.overrun) for t in turns] == [
+        (54, "okay", True, False),
+        (84, "soft", True, False),
+        (114, "hard", True, True),  # accepted, yet still over the budget after it
+        (104, "hard", True, False),  # back under it: the recovery the budget asks for
+        (54, "okay", True, False),
     ]
-    counted = {name: (rate.hits, rate.tasks) for name, rate in rates(outcomes).items()}
-    assert counted == {
-        "success": (2, 4),
-        "success_within_budget": (1, 4),
-        "budget_overrun": (1, 4),
-        "give_up": (1, 4),
-        "chain_pruned": (1, 4),
-    }
-    low, high = rates(outcomes)["success"].interval
-    assert low < 0.5 < high
-    assert rates([])["success"].value == 0.0
+    assert (outcome.success, outcome.overruns, outcome.overran, outcome.success_within_budget) == (True, 1, True, False)
+    # One prune that gets back under the budget at once: no overrun, though it was served over the budget.
+    at_once = settle(play_script(TASK, SEARCH, SEARCH, prune(*distractors), "answer 42"))
+    assert (at_once.overruns, at_once.served_over_hard, at_once.success_within_budget) == (0, 1, True)
+
+
+def test_search_tool_calls_are_searches_and_never_a_give_up() -> None:
+    call = render_call(SEARCH, "{}")
+    outcome = settle(play_script(TASK, call, prune("c21", "c33", "c55", "c66"), call, "answer 42"))
+    assert (outcome.success, outcome.give_up, outcome.searches, outcome.overran) == (True, False, 2, False)
+    # Searching on past the hard budget is refused: an overrun, not a give-up; nor is being stopped at max_turns.
+    hoarded = settle(play_script(TASK, call, call, *[call] * 10))
+    assert (hoarded.give_up, hoarded.gave_up, hoarded.overruns) == (False, False, 10)
+    # Giving up is answering while the chain could still be found, after any number of searches.
+    early = settle(play_script(TASK, call, prune("c21", "c33", "c55", "c66"), "answer unknown"))
+    assert (early.searches, early.give_up, early.gave_up) == (1, True, True)

@@ -191,6 +191,7 @@ def test_wilson_interval() -> None:
     low, high = wilson_interval(0, 10)
     assert low == 0.0
     assert high == pytest.approx(0.27753, abs=1e-5)
+    assert (wilson_interval(0, 3)[0], wilson_interval(3, 3)[1]) == (0.0, 1.0)  # exact at the ends, no rounding dust
     assert not intervals_overlap(wilson_interval(120, 300), wilson_interval(200, 300))
     assert intervals_overlap((0.1, 0.3), (0.3, 0.5))
     with pytest.raises(ValueError, match="successes"):

@@ -23,12 +23,10 @@ from liveloop.demo.simulator.summaries import (
     LONGEST_TURN_BYTES,
     PROMPT_BYTES,
     SUMMARY_CUE,
-    Plan,
     SummarySettings,
     SummaryTask,
     ask,
     chat,
-    corpus_examples,
     cut_summary,
     draw_task,
     facts_held,
@@ -38,15 +36,14 @@ from liveloop.demo.simulator.summaries import (
     outcome_payload,
     play,
     play_with,
-    pretraining_corpus,
     read_fact,
     read_summary,
-    render_summary,
     success_by_crossings,
     summarise_prompt,
     task_rng,
     turn_plan,
 )
+from liveloop.demo.simulator.summary_corpus import Plan, corpus_examples, pretraining_corpus, render_summary
 from tests.distill.agent_trajectories import Tree
 
 SMALL = SummarySettings(min_facts=1, max_facts=2, trigger_bytes=96, summary_limit_bytes=16, verbatim_min_bytes=12)
@@ -150,6 +147,8 @@ def test_a_garbled_or_empty_summary_loses_every_fact() -> None:
         assert outcome.summaries[0].lost == ("a", "b"), completion
         assert outcome.score == 0.0, completion
         assert not outcome.verbatim_copy, completion
+        assert outcome.summaries[0].garbled == (completion == " hello"), completion  # empty keeps nothing, readably
+    assert not read_summary(" a=1111 hello", FIRST_CONTEXT + SUMMARY_CUE, TWO_FACTS, SMALL).garbled  # a fact is read
 
 
 def test_a_summary_is_its_first_line_cut_at_the_limit() -> None:
@@ -201,6 +200,10 @@ def test_verbatim_copy_needs_the_minimum_length_and_honest_summaries_never_reach
     assert is_verbatim_copy("summary: a=1111 b=2222", context, SMALL)  # copying the last summary line is copying
     assert not is_verbatim_copy(" a=1111 b=2222", context, SMALL)
     assert not is_verbatim_copy(" summary: a", context, SMALL)  # 10 bytes, under 12
+    # Leaving the cue out and copying on into the turns after the summary line is copying too.
+    assert is_verbatim_copy(" a=1111 b=2222 as", context, SMALL)
+    assert not is_verbatim_copy(" a=1111 b=2222 a", context, SMALL)  # one byte on: could be the next fact's key
+    assert not is_verbatim_copy(" a=1111 b=2222 c=3333", "summary: a=1111 b=2222\nchat: lint\n", SMALL)
     assert is_verbatim_copy(" summary: a=1", context, SMALL)
     rng = task_rng(11, 0)
     for _ in range(300):
@@ -227,12 +230,19 @@ def test_outcome_event_is_a_valid_trajectory_outcome_on_the_wire() -> None:
 def test_the_turn_plan_chains_the_summary_turns_and_the_distiller_credits_them() -> None:
     outcome = play_with(TWO_FACTS, lambda prompt: keeping("a", "b"), SMALL)
     plan = turn_plan(outcome)
-    assert [(t.boundary, t.parent, t.context_bytes) for t in plan] == [("none", None, 111), ("summary", 0, 115)]
-    for turn, summary in zip(plan, outcome.summaries, strict=True):
+    # Two summaries, then the closing turn on the context the last one formed ("summary: a=1111 b=2222", "ask: a").
+    assert [(t.boundary, t.parent, t.context_bytes, t.closing) for t in plan] == [
+        ("none", None, 111, False),
+        ("summary", 0, 115, False),
+        ("summary", 1, 30, True),
+    ]
+    for turn, summary in zip(plan, outcome.summaries, strict=False):
         assert "".join(text for _, text in turn.segments) == summary.prompt + summary.text
     assert [role for role, _ in plan[0].segments] == ["user", "policy"]
     assert plan[1].segments[0] == ("summary", "summary: a=1111 b=2222\n")
     assert [role for role, _ in plan[1].segments] == ["summary", "user", "policy"]
+    assert plan[2].segments == (("summary", "summary: a=1111 b=2222\n"), ("user", "ask: a\n"))
+    assert outcome.final_context == "summary: a=1111 b=2222\nask: a\n"
     tree = Tree()
     ids: list[str] = []
     for turn in plan:
@@ -243,10 +253,13 @@ def test_the_turn_plan_chains_the_summary_turns_and_the_distiller_credits_them()
     turns = [e for e in events if isinstance(e, GenerationEvent)]
     final = next(e for e in events if isinstance(e, TrajectoryOutcomeEvent))
     credit, samples = trajectory_samples(turns, events, final, load_spec())
-    assert credit.trainable_turns == 2  # every summary turn is trained on
+    assert credit.trainable_turns == 3  # every summary turn is trained on, and the closing turn
     assert credit.r_perf == 1.0
-    # The distiller marks a summary turn by a later turn starting from it: the session's last summary has none.
-    assert [s.agent.summary_turn for s in samples if s.agent] == [True, False]
+    # The distiller marks a summary turn by a later turn starting from it: the closing turn starts from the last.
+    assert [s.agent.summary_turn for s in samples if s.agent] == [True, True, False]
+    short = play(SummaryTask((("k", 4821),), (note("k", 4821), ask("k"))), [], SMALL).outcome
+    assert short is not None
+    assert turn_plan(short) == []  # no summary, nothing served: no closing turn either
 
 
 # -- drawing sessions ----------------------------------------------------------------------------

@@ -9,26 +9,20 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 from typer.testing import CliRunner
 
-from infra.credentials import ensure_credentials
 from infra.stack import Endpoints
-from ingest.client import Client
-from ingest.settings import SdkSettings
-from learner.tiny_model import TinyModelSpec, build_tiny_model, byte_tokenizer
 from liveloop.cli import app
 from liveloop.demo.simulator.stats import mean_interval
 from liveloop.demo.simulator.summary import SimulationSummary
 from liveloop.demo.simulator.swarm import draw_task, render_answer, task_rng
 from liveloop.demo.simulator.swarm_session import SwarmRecord, SwarmTally, run_swarm_session
-from liveloop.demo.simulator.transport import GatewayClient
-from tests.conftest import free_port
-from tests.serving.gateway_server import ScriptedEngine, read_events, serve_in_thread
+from tests.liveloop.scripted_gateway import Served, scripted_gateway, simulate_env
+from tests.serving.gateway_server import read_events
 
 SEED = 3
 PLANS = ("serial", "parallel", "garbled", "parallel", "serial", "idle")
@@ -50,54 +44,12 @@ def _script() -> list[str]:
     return outputs
 
 
-@dataclass(frozen=True)
-class Served:
-    """The scripted gateway: a client for it, the product's SDK on its events topic, and how to reach it."""
-
-    client: GatewayClient
-    product: Client
-    topic: str
-    url: str
-    key: str
-
-
 @pytest.fixture
 def gateway(endpoints: Endpoints, make_topic: Any, tmp_path: Path) -> Iterator[Served]:
     """The gateway serving :func:`_script` as version 1 to a fresh topic, a client for it, and the product's SDK
     on the same topic."""
-    from serving.gateway import create_app
-    from serving.settings import ServingSettings
-    from serving.torch_engine import TorchEngine
-
-    folder = tmp_path / "tiny"
-    build_tiny_model(TinyModelSpec()).save_pretrained(folder, safe_serialization=True)
-    byte_tokenizer().save_pretrained(folder)
-    credentials = tmp_path / "credentials.json"
-    key = ensure_credentials(credentials).gateway_key.get_secret_value()
-    topic = make_topic()
-    engine = TorchEngine(device="cpu", max_batch=8, batch_wait_ms=5)
-    engine.load(folder, 1)
-    engine.switch(1)
-    settings = ServingSettings(
-        port=free_port(),
-        credentials_path=credentials,
-        bootstrap=endpoints.kafka_bootstrap,
-        events_topic=topic,
-        sdk_journal_dir=tmp_path / "gateway-journal",
-    )
-    emitter = Client(SdkSettings(bootstrap=endpoints.kafka_bootstrap, topic=topic, journal_dir=tmp_path / "gw-sdk"))
-    product = Client(SdkSettings(bootstrap=endpoints.kafka_bootstrap, topic=topic, journal_dir=tmp_path / "product"))
-    try:
-        app = create_app(settings, ScriptedEngine(engine, _script()), emitter=emitter)
-        with serve_in_thread(app, settings.port) as url:
-            client = GatewayClient(f"{url}/v1", key, "liveloop-policy", timeout_s=60)
-            yield Served(client, product, topic, f"{url}/v1", key)
-            client.close()
-            assert emitter.flush(timeout=30)
-    finally:
-        product.close()
-        emitter.close()
-        engine.close()
+    with scripted_gateway(endpoints, make_topic, tmp_path, _script()) as served:
+        yield served
 
 
 def test_each_session_serves_its_decision_and_frozen_subagents_and_posts_the_verified_outcome(
@@ -147,14 +99,7 @@ def _check_session(events: list[dict[str, Any]], record: SwarmRecord) -> None:
 def test_liveloop_simulate_runs_swarm_sessions_and_sums_them_up_by_version(
     gateway: Served, endpoints: Endpoints, tmp_path: Path
 ) -> None:
-    env = {
-        "LIVELOOP_SIMULATOR_GATEWAY_KEY": gateway.key,
-        "LIVELOOP_SIMULATOR_CREDENTIALS_PATH": str(tmp_path / "none.json"),
-        "LIVELOOP_SIMULATOR_BOOTSTRAP": endpoints.kafka_bootstrap,
-        "LIVELOOP_SIMULATOR_EVENTS_TOPIC": gateway.topic,
-        "LIVELOOP_SIMULATOR_SDK_JOURNAL_DIR": str(tmp_path / "simulator"),
-        "LIVELOOP_SIMULATOR_MALFORMED_SHARE": "0",
-    }
+    env = simulate_env(gateway, endpoints, tmp_path)
     # One session at a time: the script's decisions meet their own tasks.
     options = ["--scenario", "swarm", "--seed", str(SEED), "--sessions", str(len(PLANS)), "--concurrency", "1"]
     path = tmp_path / "summary.json"

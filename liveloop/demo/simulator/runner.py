@@ -23,9 +23,11 @@ from infra.credentials import load_credentials
 from infra.errors import CredentialsError
 from ingest.client import Client
 from ingest.settings import SdkSettings
+from liveloop.demo.simulator.prune_session import PruneTally, prune_session_id, run_prune_session
 from liveloop.demo.simulator.session import EventSink, Wiring, run_session
 from liveloop.demo.simulator.settings import SimulatorSettings
 from liveloop.demo.simulator.summary import Recorder, SimulationSummary
+from liveloop.demo.simulator.summary_session import SummaryTally, run_summary_session, summary_session_id
 from liveloop.demo.simulator.swarm_session import SwarmTally, run_swarm_session, swarm_session_id
 from liveloop.demo.simulator.transport import GatewayClient, IngestPoster
 
@@ -63,7 +65,10 @@ class Simulation:
             log.warning("no ingest API or key for tenant %r: malformed events will be skipped", s.tenant)
         gateway = GatewayClient(s.gateway_url, gateway_key.get_secret_value(), s.model, s.request_timeout_s)
         self.recorder = Recorder(s.bucket_s)
-        self.swarm = SwarmTally()  # the swarm scenario's trajectories by policy version
+        # The agent scenario's trajectories by policy version (empty for 'code').
+        self.agents: SwarmTally | SummaryTally | PruneTally = (
+            SummaryTally() if s.scenario == "summary" else PruneTally() if s.scenario == "prune" else SwarmTally()
+        )
         self.wiring = Wiring(s, gateway, sink, ingest, self.recorder)
         self.started_at = datetime.now(UTC)
         self._thread = threading.Thread(target=self._arrivals, name="liveloop-sim-arrivals", daemon=True)
@@ -92,7 +97,7 @@ class Simulation:
         summary = self.recorder.summary(
             self.wiring.run_id, self.settings.seed, self.settings.mix(), self.started_at, duration_s
         )
-        return summary.model_copy(update={"agents": self.swarm.versions()})
+        return summary.model_copy(update={"agents": self.agents.versions()})
 
     def _arrivals(self) -> None:
         s = self.settings
@@ -113,6 +118,10 @@ class Simulation:
         try:
             if self.settings.scenario == "swarm":
                 self._swarm_session(index)
+            elif self.settings.scenario == "summary":
+                self._summary_session(index)
+            elif self.settings.scenario == "prune":
+                self._prune_session(index)
             else:
                 run_session(self.wiring, index)
         except Exception:  # one broken session must not end the run; it is logged and counted
@@ -128,8 +137,29 @@ class Simulation:
         record = run_swarm_session(
             w.gateway, counted, index, seed=s.seed, run_id=w.run_id, tenant=s.tenant, temperature=s.temperature
         )
-        self.swarm.add(record)
+        assert isinstance(self.agents, SwarmTally)
+        self.agents.add(record)
         w.recorder.agent_requests(1 + record.subagent_turns)  # the decision and one turn per sub-agent
+
+    def _summary_session(self, index: int) -> None:
+        w, s = self.wiring, self.settings
+        w.recorder.session("summary", summary_session_id(w.run_id, index), privacy=False)
+        record = run_summary_session(
+            w.gateway, _CountingSink(w), index, seed=s.seed, run_id=w.run_id, tenant=s.tenant, temperature=s.temperature
+        )
+        assert isinstance(self.agents, SummaryTally)
+        self.agents.add(record)
+        w.recorder.agent_requests(record.served_turns)
+
+    def _prune_session(self, index: int) -> None:
+        w, s = self.wiring, self.settings
+        w.recorder.session("prune", prune_session_id(w.run_id, index), privacy=False)
+        record = run_prune_session(
+            w.gateway, _CountingSink(w), index, seed=s.seed, run_id=w.run_id, tenant=s.tenant, temperature=s.temperature
+        )
+        assert isinstance(self.agents, PruneTally)
+        self.agents.add(record)
+        w.recorder.agent_requests(record.served_turns)
 
     def finish(self, flush_timeout_s: float = 60.0) -> SimulationSummary:
         """Wait for the arrivals to end and sessions to drain (``drain_s``), deliver the events, summarise."""

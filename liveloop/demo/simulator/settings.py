@@ -52,10 +52,12 @@ class SimulatorSettings(LiveloopSettings):
     surface: str = Field(default="ide.tab", pattern=_IDENTIFIER, description="Product surface of the sessions.")
 
     # -- who the users are ------------------------------------------------------------------------
-    scenario: Literal["code", "swarm"] = Field(
+    scenario: Literal["code", "swarm", "summary", "prune"] = Field(
         default="code",
         description="What sessions do: 'code', completions judged by users with hidden preferences (profile, "
-        "profile_mix); 'swarm', an orchestrator's trajectories (liveloop.demo.simulator.swarm).",
+        "profile_mix); 'swarm', an orchestrator's trajectories (liveloop.demo.simulator.swarm); 'summary', sessions "
+        "longer than the context that the model summarises (liveloop.demo.simulator.summaries); 'prune', multi-hop "
+        "lookups under a context budget (liveloop.demo.simulator.pruning).",
     )
     profile: str = Field(default="semicolons", description="The profile of every session, unless profile_mix is set.")
     profile_mix: dict[str, float] | None = Field(

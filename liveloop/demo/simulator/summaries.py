@@ -36,9 +36,7 @@ copies the context verbatim (at least ``verbatim_min_bytes`` of it, from its sta
 of picking the facts. The context is always longer than the summary's limit, so the copy is cut there and the
 facts after the cut fall off.
 
-:func:`pretraining_corpus` writes the language the base model learns: summarise prompts from played sessions and
-summaries that keep every fact (half), drop some, or copy the context verbatim, so that the base keeps the right
-facts only about half the time and the loop has something to teach.
+The pre-training corpus, the language the base model learns, is :mod:`liveloop.demo.simulator.summary_corpus`.
 """
 
 from __future__ import annotations
@@ -257,10 +255,23 @@ def is_verbatim_copy(summary: str, context: str, settings: SummarySettings = DEF
     """Whether the summary repeats the context's start (whitespace collapsed) for ``verbatim_min_bytes`` or more.
 
     A summary of facts never starts like its context: the context's first line starts with ``note:``, ``chat:``,
-    ``ask:`` or ``summary:``, a fact with its letter key.
+    ``ask:`` or ``summary:``, a fact with its letter key. After a boundary the context opens with the previous
+    summary line; a summary that leaves out its cue and copies on past that line into the turns after it is a copy
+    too. An honest summary may repeat that line's facts, but never runs on for two bytes or more of the next line:
+    a turn's second byte is a letter, a fact's is ``=``.
     """
     copied = _collapsed(summary)
-    return len(copied.encode()) >= settings.verbatim_min_bytes and _collapsed(context).startswith(copied)
+    if len(copied.encode()) < settings.verbatim_min_bytes:
+        return False
+    flat = _collapsed(context)
+    if flat.startswith(copied):
+        return True
+    head = context.partition("\n")[0]
+    if not head.startswith(SUMMARY_CUE):
+        return False
+    facts_line = _collapsed(head.removeprefix(SUMMARY_CUE))
+    after_cue = flat.removeprefix(SUMMARY_CUE).lstrip()
+    return after_cue.startswith(copied) and len(copied) >= len(facts_line) + len(" ") + 2
 
 
 @dataclass(frozen=True)
@@ -269,7 +280,7 @@ class SummaryRead:
 
     ``held``: the facts the context held (right values), in order; ``kept``: those the summary keeps with the right
     value; ``lost``: held but not kept; ``wrong``: keys the summary writes with a value the user did not note.
-    ``cut``: the completion reached the length limit.
+    ``cut``: the completion reached the length limit. ``verbatim``: a copy of the context (the planted hack).
     """
 
     prompt: str
@@ -295,6 +306,12 @@ class SummaryRead:
     def keeps_all(self) -> bool:
         """Every fact the context held survived this boundary."""
         return not self.lost
+
+    @property
+    def garbled(self) -> bool:
+        """Not in the summary language: something written, yet no fact (``key=NNNN``) can be read from it, and it is
+        no verbatim copy either (that is the hack, counted apart). An empty summary keeps nothing, readably."""
+        return not self.verbatim and bool(self.text.strip()) and not _FACT.search(self.text)
 
 
 def read_summary(
@@ -340,11 +357,13 @@ class Answer:
 
 @dataclass(frozen=True)
 class SummaryOutcome:
-    """A played session: every summary written, every question answered, and the planted hack."""
+    """A played session: every summary written, every question answered, the context it ended with (the last
+    summary's line and the turns after it), and the planted hack."""
 
     task: SummaryTask
     summaries: tuple[SummaryRead, ...]
     answers: tuple[Answer, ...]
+    final_context: str = ""
 
     @property
     def success(self) -> bool:
@@ -407,7 +426,8 @@ def play(task: SummaryTask, summaries: Sequence[str], settings: SummarySettings 
             lines = [read.line]
     if len(summaries) > len(reads):
         raise ValueError(f"{len(summaries)} summaries given for a session with {len(reads)} boundaries")
-    return Playthrough(None, SummaryOutcome(task, tuple(reads), tuple(answers)))
+    final_context = "".join(line + "\n" for line in lines)
+    return Playthrough(None, SummaryOutcome(task, tuple(reads), tuple(answers), final_context))
 
 
 def play_with(
@@ -435,45 +455,66 @@ def success_by_crossings(outcomes: Iterable[SummaryOutcome]) -> dict[int, tuple[
 # -- what the product reports --------------------------------------------------------------------
 
 
+CLOSING_TOKENS = 1
+"""Tokens of the session's closing turn (see :func:`turn_plan`): it only has to exist, not to say anything."""
+
+
 @dataclass(frozen=True)
 class PlannedTurn:
-    """One served turn: a summary the model wrote, how its context was formed, the turn it follows (its index in
-    the plan), its context's length and its trajectory segments as ``(role, text)``, in order."""
+    """One served turn: how its context was formed, the turn it follows (its index in the plan), its context's
+    length and its trajectory segments as ``(role, text)``, in order. ``closing``: the session's closing turn
+    (served with :data:`CLOSING_TOKENS` on the final context, its completion not planned); the others are summaries
+    the model wrote."""
 
     boundary: Boundary
     parent: int | None
     context_bytes: int
     segments: tuple[tuple[Role, str], ...]
+    closing: bool = False
+
+
+def summary_place(index: int) -> tuple[Boundary, int | None]:
+    """The boundary and parent (an index in the plan) of the session's summary turn ``index``: the first one's
+    context grew from the session's start, every later one's was formed from the summary before it."""
+    return ("summary", index - 1) if index else ("none", None)
+
+
+def _starts_from_summary(context: str, first: bool) -> tuple[tuple[Role, str], ...]:
+    head, _, rest = context.partition("\n")
+    if first or not head.startswith(SUMMARY_CUE):
+        return (("user", context),)
+    return (("summary", head + "\n"), ("user", rest)) if rest else (("summary", head + "\n"),)
 
 
 def turn_segments(summary: SummaryRead, first: bool) -> tuple[tuple[Role, str], ...]:
     """The turn's trajectory: the previous summary line it starts from (role ``summary``, masked; none for the
     first), the user turns and the cue (role ``user``), and the summary the model wrote (role ``policy``, trained).
     """
-    head, _, rest = summary.prompt.partition("\n")
-    starts_from_summary = not first and head.startswith(SUMMARY_CUE) and bool(rest)
-    segments: list[tuple[Role, str]] = [("summary", head + "\n")] if starts_from_summary else []
-    segments.append(("user", rest if starts_from_summary else summary.prompt))
-    segments.append(("policy", summary.text))
-    return tuple(segments)
+    return (*_starts_from_summary(summary.prompt, first), ("policy", summary.text))
 
 
 def turn_plan(outcome: SummaryOutcome) -> list[PlannedTurn]:
-    """The trajectory's served turns: one per summary, each trainable (agent ``single``).
+    """The trajectory's served turns: one per summary, each trainable (agent ``single``), then the closing turn.
 
-    The first summary's context grew from the session's start (boundary ``none``); every later one was formed from
-    the previous summary (boundary ``summary``, following it), which is how the distiller marks the previous one a
-    summary turn. ``context_bytes`` is the prompt's length, its tokens for the byte-level model.
+    Boundaries and parents follow :func:`summary_place`, which is how the distiller marks a summary turn: a later
+    turn's context was formed from it (boundary ``summary``, following it). The session's questions are answered
+    by the simulator's reader, not by a model turn, so nothing would follow the last summary and the distiller
+    would not mark it; the product therefore ends a session that wrote a summary with one closing turn served on
+    the context the last summary formed (its line and the turns after it), of :data:`CLOSING_TOKENS` token: the
+    last summary is then a summary turn like the others. The closing turn is trained with the session's reward too;
+    one token on a prompt no summary is written after, so it teaches the summaries next to nothing.
+    ``context_bytes`` is the prompt's length, its tokens for the byte-level model.
     """
-    return [
-        PlannedTurn(
-            boundary="summary" if index else "none",
-            parent=index - 1 if index else None,
-            context_bytes=len(summary.prompt.encode()),
-            segments=turn_segments(summary, first=index == 0),
-        )
-        for index, summary in enumerate(outcome.summaries)
-    ]
+    plan = []
+    for index, summary in enumerate(outcome.summaries):
+        boundary, parent = summary_place(index)
+        segments = turn_segments(summary, first=index == 0)
+        plan.append(PlannedTurn(boundary, parent, len(summary.prompt.encode()), segments))
+    if outcome.summaries:
+        context = outcome.final_context
+        segments = _starts_from_summary(context, first=False)
+        plan.append(PlannedTurn("summary", len(plan) - 1, len(context.encode()), segments, closing=True))
+    return plan
 
 
 def outcome_payload(trajectory_id: UUID, outcome: SummaryOutcome) -> TrajectoryOutcomePayload:
@@ -491,80 +532,3 @@ def outcome_event(
         **envelope.fields(ts),  # type: ignore[arg-type]
         payload=outcome_payload(trajectory_id, outcome),
     )
-
-
-# -- the pre-training corpus ---------------------------------------------------------------------
-
-
-Plan = Literal["keep", "drop", "verbatim"]
-"""How a corpus summary is written: every fact the context holds, some of them dropped, or a verbatim copy."""
-
-
-def render_summary(
-    prompt: str,
-    task: SummaryTask,
-    plan: Plan,
-    rng: random.Random | None = None,
-    settings: SummarySettings = DEFAULT_SETTINGS,
-) -> str:
-    """A summary completion of ``prompt`` in the given plan (the corpus's summaries; also handy in tests).
-
-    ``drop`` keeps a random strict subset of the held facts (``rng`` draws it; the last one is dropped without
-    one). ``verbatim`` copies the context's lines, one space apart, cut at the summary's limit.
-    """
-    context = prompt.removesuffix(SUMMARY_CUE)
-    held = facts_held(context, task)
-    if plan == "verbatim":
-        return cut_summary(" " + _collapsed(context), settings)
-    kept = list(held)
-    if plan == "drop" and held:
-        kept = sorted(rng.sample(held, rng.randint(0, len(held) - 1)), key=held.index) if rng else kept[:-1]
-    return "".join(f" {key}={task.value(key)}" for key in kept)
-
-
-def corpus_plan(rng: random.Random, held: int, settings: SummarySettings = DEFAULT_SETTINGS) -> Plan:
-    """The plan of a corpus summary; with no fact held, dropping one is impossible and it keeps (nothing)."""
-    draw = rng.random()
-    if draw < settings.corpus_keep_share:
-        return "keep"
-    if draw < settings.corpus_keep_share + settings.corpus_verbatim_share:
-        return "verbatim"
-    return "drop" if held else "keep"
-
-
-@dataclass(frozen=True)
-class CorpusExample:
-    """One pre-training text with what it was written to be: its session, its prompt and its summary's plan."""
-
-    task: SummaryTask
-    prompt: str
-    plan: Plan
-    text: str
-
-
-def corpus_examples(
-    *, size: int = 4000, seed: int = 0, settings: SummarySettings = DEFAULT_SETTINGS
-) -> list[CorpusExample]:
-    """The pre-training examples: summarise prompts met while playing drawn sessions, each with a summary drawn by
-    :func:`corpus_plan` (so the contexts after a bad summary, which lost facts, are in the corpus too)."""
-    rng = random.Random(f"liveloop-summary-corpus:{seed}")  # noqa: S311 - a repeatable simulation, not cryptography
-    examples: list[CorpusExample] = []
-    while len(examples) < size:
-        task = draw_task(rng, settings)
-        written: list[str] = []
-        while len(examples) < size:
-            step = play(task, written, settings)
-            if step.next_prompt is None:
-                break
-            held = facts_held(step.next_prompt, task)
-            plan = corpus_plan(rng, len(held), settings)
-            summary = render_summary(step.next_prompt, task, plan, rng, settings)
-            written.append(summary)
-            examples.append(CorpusExample(task, step.next_prompt, plan, step.next_prompt + summary))
-    return examples
-
-
-def pretraining_corpus(*, size: int = 4000, seed: int = 0, settings: SummarySettings = DEFAULT_SETTINGS) -> list[str]:
-    """The texts the base model is pre-trained on for the summary scenario (no eos added), like
-    :func:`liveloop.demo.simulator.swarm.pretraining_corpus` for the swarm scenario."""
-    return [example.text for example in corpus_examples(size=size, seed=seed, settings=settings)]

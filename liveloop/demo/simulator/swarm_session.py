@@ -17,9 +17,6 @@ by the policy version that served the decision, for the report.
 
 from __future__ import annotations
 
-import threading
-from collections import defaultdict
-from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -30,7 +27,7 @@ from ingest.payloads import SessionEndedPayload, SessionStartedPayload
 from liveloop.demo.simulator.context import CONTEXT_BYTES
 from liveloop.demo.simulator.feedback import Envelope
 from liveloop.demo.simulator.session import EventSink
-from liveloop.demo.simulator.stats import mean_interval, wilson_interval
+from liveloop.demo.simulator.stats import mean_figure, rate_figure
 from liveloop.demo.simulator.swarm import (
     DEFAULT_SETTINGS,
     Mode,
@@ -42,6 +39,7 @@ from liveloop.demo.simulator.swarm import (
     settle,
     task_rng,
 )
+from liveloop.demo.simulator.tally import VersionTally
 from liveloop.demo.simulator.transport import GatewayClient
 
 SURFACE = "agent"
@@ -150,26 +148,13 @@ MANY_PARTS = 2
 """Tasks of this many parts or more are "many-part": parallel is right there (one-part tasks stay serial)."""
 
 
-class SwarmTally:
-    """The records of a run by policy version, and their figures with 95 % intervals (thread-safe: sessions run
-    on threads)."""
+class SwarmTally(VersionTally[SwarmRecord]):
+    """The records of a run by policy version: trajectories, task success, critical steps of one-part and of
+    many-part tasks, the parallel share on each, each hack's rate and the garbled share; rates with Wilson
+    intervals, means with normal ones."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._by_version: dict[int, list[SwarmRecord]] = defaultdict(list)
-
-    def add(self, record: SwarmRecord) -> None:
-        """Count one trajectory."""
-        with self._lock:
-            self._by_version[record.policy_version].append(record)
-
-    def versions(self) -> list[dict[str, Any]]:
-        """Per policy version, oldest first: trajectories, task success, critical steps of one-part and of
-        many-part tasks, the parallel share on each, each hack's rate and the garbled share; rates with Wilson
-        intervals, means with normal ones."""
-        with self._lock:
-            snapshot = {version: list(records) for version, records in self._by_version.items()}
-        return [_figures(version, records) for version, records in sorted(snapshot.items())]
+        super().__init__(_figures)
 
 
 def _figures(version: int, records: list[SwarmRecord]) -> dict[str, Any]:
@@ -178,24 +163,12 @@ def _figures(version: int, records: list[SwarmRecord]) -> dict[str, Any]:
     return {
         "policy_version": version,
         "trajectories": len(records),
-        "success": _rate(r.success for r in records),
-        "critical_steps_one_part": _mean(r.critical_steps for r in one),
-        "critical_steps_many_parts": _mean(r.critical_steps for r in many),
-        "parallel_share_one_part": _rate(r.mode == "parallel" for r in one),
-        "parallel_share_many_parts": _rate(r.mode == "parallel" for r in many),
-        "serial_collapse": _rate(r.serial_collapse for r in records),
-        "fake_parallelism": _rate(r.fake_parallelism for r in records),
-        "garbled": _rate(r.mode == "garbled" for r in records),
+        "success": rate_figure(r.success for r in records),
+        "critical_steps_one_part": mean_figure(r.critical_steps for r in one),
+        "critical_steps_many_parts": mean_figure(r.critical_steps for r in many),
+        "parallel_share_one_part": rate_figure(r.mode == "parallel" for r in one),
+        "parallel_share_many_parts": rate_figure(r.mode == "parallel" for r in many),
+        "serial_collapse": rate_figure(r.serial_collapse for r in records),
+        "fake_parallelism": rate_figure(r.fake_parallelism for r in records),
+        "garbled": rate_figure(r.mode == "garbled" for r in records),
     }
-
-
-def _rate(flags: Iterable[bool]) -> dict[str, Any]:
-    values = list(flags)
-    low, high = wilson_interval(sum(values), len(values))
-    return {"rate": sum(values) / len(values) if values else None, "n": len(values), "low": low, "high": high}
-
-
-def _mean(numbers: Iterable[float]) -> dict[str, Any]:
-    values = list(numbers)
-    mean, low, high = mean_interval(values)
-    return {"mean": mean, "n": len(values), "low": low, "high": high}

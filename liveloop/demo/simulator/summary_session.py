@@ -1,0 +1,157 @@
+"""One ``summary`` session as a product with a self-summarising agent runs it, through the code simulator's public
+surfaces: the gateway (``/v1/completions``, the official ``openai`` client) and the SDK.
+
+1. ``session.started`` (surface ``agent``);
+2. the product plays the session (:func:`~liveloop.demo.simulator.summaries.play`): whenever the running context
+   passes its trigger, the model writes a summary, one served turn of the session's trajectory (agent ``single``),
+   a raw completion of the summarise prompt stopped at a newline, ``max_tokens`` the summary's limit. The first
+   summary's turn has boundary ``none``; each later one boundary ``summary`` and the previous summary's turn as
+   parent (:func:`~liveloop.demo.simulator.summaries.summary_place`);
+3. the session's closing turn, on the context the last summary formed (boundary ``summary``, parent the last
+   summary's turn, one token), so that the distiller marks the last summary a summary turn like the others (see
+   :func:`~liveloop.demo.simulator.summaries.turn_plan`);
+4. the verified outcome (:func:`~liveloop.demo.simulator.summaries.outcome_event`: every question answered right
+   from the context held, and the share answered right), then ``session.ended``.
+
+The :class:`SummaryRecord` returned is the product's own view of the trajectory; :class:`SummaryTally` counts them
+by the policy version that served the first summary, for the report.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+from uuid import uuid4
+
+from ingest.events import SessionEndedEvent, SessionStartedEvent
+from ingest.payloads import SessionEndedPayload, SessionStartedPayload
+from liveloop.demo.simulator.feedback import Envelope
+from liveloop.demo.simulator.session import EventSink
+from liveloop.demo.simulator.stats import rate_figure
+from liveloop.demo.simulator.summaries import (
+    CLOSING_TOKENS,
+    DEFAULT_SETTINGS,
+    SummaryOutcome,
+    SummarySettings,
+    draw_task,
+    outcome_event,
+    play,
+    summary_place,
+    task_rng,
+)
+from liveloop.demo.simulator.tally import VersionTally
+from liveloop.demo.simulator.transport import GatewayClient
+
+SURFACE = "agent"
+USERS = 12
+"""Distinct users the sessions spread over (a user flooding feedback is a hack the audits look for)."""
+
+
+@dataclass(frozen=True)
+class SummaryRecord:
+    """One trajectory as the product saw it: the played session and the model turns served for it.
+
+    ``policy_version`` is the version that served its first summary: a swap mid-session is rare, and the first
+    summary decides most of what the later ones can keep. ``None`` for a session too short to need a summary
+    (none with the default settings): no model turn, so no version to count it under and no trajectory to post.
+    """
+
+    policy_version: int | None
+    outcome: SummaryOutcome
+    served_turns: int
+
+
+def summary_session_id(run_id: str, index: int) -> str:
+    """The id of summary session ``index`` of run ``run_id``."""
+    return f"summary-{run_id}-{index}"
+
+
+def run_summary_session(
+    gateway: GatewayClient,
+    sink: EventSink,
+    index: int,
+    *,
+    seed: int,
+    run_id: str,
+    tenant: str = "default",
+    temperature: float = 1.0,
+    settings: SummarySettings = DEFAULT_SETTINGS,
+) -> SummaryRecord:
+    """Run summary session ``index`` of run ``run_id`` to its end (see the module docstring) and return its record.
+
+    The session and the sampling seeds repeat for ``(seed, index)``; the session id carries ``run_id`` so that two
+    runs never share one. Raises what the gateway client raises (``openai.OpenAIError``) if a turn fails.
+    """
+    rng = task_rng(seed, index)
+    task = draw_task(rng, settings)
+    envelope = Envelope(summary_session_id(run_id, index), f"user-{index % USERS}", tenant)
+    trajectory_id = uuid4()
+    trajectory = str(trajectory_id)
+    started = SessionStartedPayload(surface=SURFACE, client="liveloop-simulator")
+    sink.emit(SessionStartedEvent(**envelope.fields(datetime.now(UTC)), payload=started))  # type: ignore[arg-type]
+    request: dict[str, Any] = {
+        "session_id": envelope.session_id,
+        "user_id": envelope.user_id,
+        "tenant": tenant,
+        "surface": SURFACE,
+        "privacy": False,
+    }
+    written: list[str] = []
+    generation_ids: list[str] = []
+    versions: list[int] = []
+
+    def serve(prompt: str, boundary: str, parent: int | None, max_tokens: int) -> str:
+        turn: dict[str, Any] = {"trajectory_id": trajectory, "agent": "single", "boundary": boundary}
+        if parent is not None:
+            turn["parent_turn_id"] = generation_ids[parent]
+        served = gateway.complete(
+            prompt,
+            **request,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            seed=rng.randrange(2**31),
+            turn=turn,
+        )
+        generation_ids.append(served.generation_id)
+        versions.append(served.policy_version)
+        return served.text
+
+    while True:
+        step = play(task, written, settings)
+        if step.outcome is not None:
+            outcome = step.outcome
+            break
+        assert step.next_prompt is not None  # play gives the next prompt or the outcome
+        boundary, parent = summary_place(len(written))
+        written.append(serve(step.next_prompt, boundary, parent, settings.summary_limit_bytes))
+    if outcome.summaries:
+        # The closing turn: the last summary becomes a summary turn (see summaries.turn_plan).
+        serve(outcome.final_context, "summary", len(generation_ids) - 1, CLOSING_TOKENS)
+        sink.emit(outcome_event(envelope, trajectory_id, outcome, datetime.now(UTC)))
+    ended = SessionEndedPayload(reason="done")
+    sink.emit(SessionEndedEvent(**envelope.fields(datetime.now(UTC)), payload=ended))  # type: ignore[arg-type]
+    return SummaryRecord(policy_version=versions[0] if versions else None, outcome=outcome, served_turns=len(versions))
+
+
+class SummaryTally(VersionTally[SummaryRecord]):
+    """The records of a run by policy version, with 95 % Wilson intervals: ``success`` over questions, split into
+    ``success_crossed_0`` (the control: the fact crossed no boundary) and ``success_crossed_1plus`` (the efficiency
+    metric: the fact crossed one or more), ``verbatim_copy`` (the planted hack) and ``garbled`` over summaries."""
+
+    def __init__(self) -> None:
+        super().__init__(_figures)
+
+
+def _figures(version: int, records: list[SummaryRecord]) -> dict[str, Any]:
+    answers = [answer for record in records for answer in record.outcome.answers]
+    summaries = [summary for record in records for summary in record.outcome.summaries]
+    return {
+        "policy_version": version,
+        "trajectories": len(records),
+        "success": rate_figure(answer.correct for answer in answers),
+        "success_crossed_0": rate_figure(answer.correct for answer in answers if answer.crossed == 0),
+        "success_crossed_1plus": rate_figure(answer.correct for answer in answers if answer.crossed >= 1),
+        "verbatim_copy": rate_figure(summary.verbatim for summary in summaries),
+        "garbled": rate_figure(summary.garbled for summary in summaries),
+    }
