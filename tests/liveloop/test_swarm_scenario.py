@@ -329,9 +329,9 @@ def test_prompts_of_a_thousand_drawn_tasks_stay_short_and_leave_room_for_the_lon
             longest_prompt = max(longest_prompt, prompt)
             longest_text = max(longest_text, prompt + answer)
         longest.append((longest_prompt, longest_text))
-    # Defaults: tools line 43 + "ask: " and five keys 14, two newlines = 59; a five-part answer with an idle
-    # sub-agent is 5 calls of 71 bytes and one of 70. The widest settings (8 parts) still fit.
-    assert longest == [(59, 484), (65, 703)]
+    # Tools line 43 + "ask: a-e" 8, two newlines = 53; a five-part answer with an idle sub-agent is 5 calls of 71
+    # bytes and one of 70. The widest settings (8 parts) still fit.
+    assert longest == [(53, 478), (53, 691)]
     assert all(prompt < PROMPT_BYTES and text < CONTEXT_BYTES for prompt, text in longest)
     assert len(THREE_PARTS.prompt()) == 43 + 1 + 10 + 1
 
@@ -347,9 +347,21 @@ def test_drawn_tasks_follow_the_settings_distribution() -> None:
     assert set(steps) == set(range(2, 9))
     failures = sum(part.subagent_fails for task in tasks for part in task.parts) / sum(steps.values())
     assert 0.03 < failures < 0.07
+    order = sorted(CATALOG)
     for task in tasks:
-        assert len(set(task.keys)) == task.size
+        first = order.index(task.keys[0])
+        assert list(task.keys) == order[first : first + task.size]  # a run of consecutive items
+        assert task.prompt().endswith(
+            f"ask: {task.keys[0]}\n" if task.size == 1 else f"ask: {task.keys[0]}-{task.keys[-1]}\n"
+        )
         assert all(CATALOG[part.key] == part.answer for part in task.parts)
+
+
+def test_the_ask_line_names_a_run_by_its_ends_and_anything_else_item_by_item() -> None:
+    assert task_of(("c", 2, False), ("d", 2, False), ("e", 2, False)).prompt().endswith("\nask: c-e\n")
+    assert THREE_PARTS.prompt().endswith("\nask: b d f\n")
+    assert task_of(("e", 2, False), ("d", 2, False)).prompt().endswith("\nask: e d\n")  # not in catalog order
+    assert task_of(("c", 2, False)).prompt().endswith("\nask: c\n")
 
 
 def test_a_seed_repeats_its_tasks_and_corpus_and_another_seed_does_not() -> None:

@@ -1,13 +1,14 @@
 """The ``swarm`` task family: an orchestrator learns *when* to hand independent sub-questions to sub-agents.
 
 A task is ``k`` sub-questions about the product's price catalog (:data:`CATALOG`, a fixed table of items and
-prices; ``k`` drawn: about half the tasks have one, the rest ``min_many_parts`` to ``max_parts``). The prompt is
-short, because the model is byte-level with a 1024-byte context (``context.CONTEXT_BYTES``), and is a raw
-completion prompt (the gateway's ``/v1/completions``; the chat endpoint's ``tools`` turn alone would take 232 bytes
-for these two tools, so the tools get one compact line)::
+prices; ``k`` drawn: about half the tasks have one, the rest a run of ``min_many_parts`` to ``max_parts``
+consecutive items, named by its ends, :func:`ask_line`). The prompt is short, because the model is byte-level
+with a 1024-byte context (``context.CONTEXT_BYTES``), and is a raw completion prompt (the gateway's
+``/v1/completions``; the chat endpoint's ``tools`` turn alone would take 232 bytes for these two tools, so the
+tools get one compact line)::
 
     tools: create_subagent(q) assign_task(id,q)
-    ask: b d f
+    ask: b-d
 
 The catalog is fixed, as a product's is, so that the orchestrator can know it (the base learns it in
 pre-training) and answer serially. A first version showed a per-task table in the prompt; the tiny base learned to
@@ -16,7 +17,7 @@ serial answer never succeeded, and the loop learned to parallelise everything (d
 
 The answer is one line (served with ``stop=["\\n"]``) and its first bytes are the decision:
 
-- serial: the orchestrator answers itself, ``b=12 d=40 f=29`` (each answer checked against the catalog); an answer
+- serial: the orchestrator answers itself, ``b=12 c=85 d=40`` (each answer checked against the catalog); an answer
   that answers none of the asked items is garbled (a loophole an earlier version left open);
 - parallel: it starts a ``<tool_call>`` block, in exactly the syntax :mod:`serving.tool_calls` reads::
 
@@ -215,12 +216,21 @@ class SwarmTask:
 
     def prompt(self) -> str:
         """The raw completion prompt (see the module docstring); the answer starts right after its newline."""
-        return f"{TOOLS_LINE}\nask: {' '.join(self.keys)}\n"
+        return f"{TOOLS_LINE}\nask: {ask_line(self.keys)}\n"
 
     def parallel_is_right(self) -> bool:
         """Whether sub-agents lower this task's critical steps: on many-part tasks they do, whatever the draws
         (:class:`SwarmSettings` checks its bounds), on one-part tasks they never do (the spawn and gather cost)."""
         return self.size >= 2
+
+
+def ask_line(keys: Sequence[str]) -> str:
+    """The items asked as the prompt names them: a run of consecutive catalog items as its first and last
+    (``c-f``), anything else one by one (``b d f``)."""
+    order = sorted(CATALOG)
+    positions = [order.index(key) if key in CATALOG else -1 for key in keys]
+    is_run = len(keys) > 1 and positions[0] >= 0 and positions == list(range(positions[0], positions[0] + len(keys)))
+    return f"{keys[0]}-{keys[-1]}" if is_run else " ".join(keys)
 
 
 def task_rng(seed: int, index: int) -> random.Random:
@@ -231,7 +241,13 @@ def task_rng(seed: int, index: int) -> random.Random:
 def draw_task(rng: random.Random, settings: SwarmSettings = DEFAULT_SETTINGS) -> SwarmTask:
     """A task drawn from ``rng`` only: its size, the items it asks, each sub-question's steps and sub-agent failure."""
     size = 1 if rng.random() < settings.one_part_share else rng.randint(settings.min_many_parts, settings.max_parts)
-    asked = rng.sample(sorted(CATALOG), size)
+    # A many-part task asks a run of consecutive items (``ask: c-f``). Arbitrary sets were tried first: the tiny
+    # base then had to copy the k-th asked key into its k-th answer, which it had not learned after 1,500
+    # pre-training steps (it wrote the first key right and guessed the rest); a run needs only the catalog's
+    # order, learned like its prices, and where the run ends.
+    order = sorted(CATALOG)
+    first = rng.randrange(len(order) - size + 1)
+    asked = order[first : first + size]
     parts = tuple(
         SubQuestion(
             key=key,
