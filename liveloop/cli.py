@@ -172,9 +172,8 @@ def demo(
     ),
 ) -> None:
     """The main job: the whole loop live (traffic, rewards, learner, gate, hot-swap), then a report."""
-    from liveloop.demo.run import DemoOptions, run_demo
-
     from liveloop.demo.report import plot_name
+    from liveloop.demo.run import DemoOptions, run_demo
 
     options = DemoOptions(
         minutes=minutes,

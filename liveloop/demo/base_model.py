@@ -20,34 +20,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
-from pydantic_settings import SettingsConfigDict
-
-from infra.settings import LiveloopSettings
 from infra.stack import Stack
 from liveloop.demo.scenarios import Pretraining, Scenario
+from liveloop.demo.settings import DemoSettings
 from liveloop.profiles import register_base_model
 
 CACHE_KEY_VERSION = 1
 """Bump when the cache's layout or the meaning of a key's fields changes."""
-
-
-class DemoSettings(LiveloopSettings):
-    """Settings of ``liveloop demo`` beyond its options. Env prefix ``LIVELOOP_DEMO_``."""
-
-    model_config = SettingsConfigDict(env_prefix="LIVELOOP_DEMO_")
-
-    base_cache_dir: Path = Field(
-        default_factory=lambda: Path.home() / ".cache" / "liveloop" / "base-models",
-        description="Where pre-trained bases are kept between demos, one folder per scenario and recipe.",
-    )
-    base_cache: bool = Field(default=True, description="False: always pre-train, and cache nothing.")
-    pretrain_steps: int | None = Field(
-        default=None,
-        ge=1,
-        le=100_000,
-        description="Pre-training steps instead of the scenario's (a short test; a different key in the cache).",
-    )
 
 
 Origin = Literal["cache", "pretrained", "state"]
