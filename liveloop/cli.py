@@ -161,7 +161,10 @@ def demo(
     ] = "code",
     profile: Annotated[
         str,
-        typer.Option(help="Users' hidden preference: semicolons, snake_case, fickle (a degraded candidate), noisy."),
+        typer.Option(
+            help="Users' hidden preference (the code scenario): semicolons, snake_case, fickle (a degraded "
+            "candidate), noisy."
+        ),
     ] = "semicolons",
     report: Annotated[Path, typer.Option("--report", help="Folder for report.json, report.md, acceptance.png.")] = Path(
         "demo-report"

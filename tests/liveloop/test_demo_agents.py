@@ -82,7 +82,9 @@ def test_a_short_agent_demo_evaluates_a_candidate_and_reports_by_version(name: s
     assert success.n == base.trajectories
     assert None not in (success.value, success.low, success.high), success
     assert success.low <= success.value <= success.high  # type: ignore[operator]
-    assert set(base.figures) <= set(spec.figures())
+    # Every figure the scenario's report spec names, the simulator's tally reports (a misnamed key would be
+    # left out of the report silently).
+    assert set(base.figures) == set(spec.figures()), sorted(base.figures)
     verdict = agents.verdict
     assert verdict.base_version == report.base_version
     assert report.verdict.improved == verdict.passed

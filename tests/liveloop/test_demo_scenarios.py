@@ -266,6 +266,21 @@ def test_an_agent_reports_markdown_has_the_verdict_its_criteria_and_every_figure
     assert (tmp_path / "figures.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_the_live_view_shows_an_agent_scenarios_success_and_efficiency_by_version() -> None:
+    from rich.console import Console
+
+    from liveloop.demo.view import agent_table
+
+    console = Console(width=250, record=True)
+    console.print(agent_table(SPEC, [_swarm_row(1), _swarm_row(3, **LEARNED)]))
+    text = console.export_text()
+    assert "success" in text
+    assert "critical_steps_many_parts" in text
+    assert "serial_collapse" not in text  # hacks are the report's; the live view keeps to success and efficiency
+    assert "14.200 (13.000-15.400, n 50)" in text
+    assert "6.000 (5.200-6.800, n 50)" in text
+
+
 def test_the_code_reports_markdown_keeps_its_title_and_plot() -> None:
     report = _report()
     assert markdown(report).startswith("# liveloop demo: profile `semicolons`, seed 3, 2 minutes\n")
