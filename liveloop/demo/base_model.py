@@ -49,8 +49,7 @@ def recipe(scenario: Scenario, profile: str, seed: int, steps: int | None = None
     return {
         "cache_key_version": CACHE_KEY_VERSION,
         "scenario": scenario.name,
-        # Only the code corpus depends on the users' profile.
-        "profile": profile if scenario.report is None else None,
+        "profile": profile if p.by_profile else None,
         "seed": seed,
         "corpus_size": p.corpus_size,
         "steps": steps if steps is not None else p.steps,

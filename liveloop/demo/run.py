@@ -99,7 +99,7 @@ def _run(stack: Stack, options: DemoOptions, console: Console) -> DemoReport:
     apply_profile(scenario.profile(), state)  # the components inherit its environment; a user's own values win
     console.print("[bold]1/4[/bold] starting Kafka, PostgreSQL and MLflow")
     stack.up()
-    corpus = f"'{options.profile}' language" if scenario.report is None else f"'{scenario.name}' corpus"
+    corpus = f"'{options.profile}' language" if scenario.pretraining.by_profile else f"'{scenario.name}' corpus"
     console.print(f"[bold]2/4[/bold] the tiny base model, pre-trained on the {corpus}")
     base = prepare_base(stack, scenario, options.profile, options.seed)
     base_version = base.version

@@ -69,6 +69,8 @@ class Pretraining:
     """
 
     corpus: CorpusFunction
+    by_profile: bool = False
+    """Whether the corpus depends on the users' profile (the code language does; the agent task families do not)."""
     corpus_size: int = 4000
     steps: int = 400
     lr: float = 3e-3
@@ -168,7 +170,7 @@ AGENT_GATE_POLICY = FAST.gate_policy.model_copy(
 CODE = Scenario(
     name="code",
     summary="completions of a small code language, judged by users with a hidden style preference",
-    pretraining=Pretraining(corpus=code_corpus),
+    pretraining=Pretraining(corpus=code_corpus, by_profile=True),
 )
 
 SWARM = Scenario(
