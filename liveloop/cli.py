@@ -151,9 +151,20 @@ def status(as_json: Annotated[bool, typer.Option("--json", help="Print machine-r
 def demo(
     minutes: Annotated[float, typer.Option(help="How long the simulated users send traffic.", min=0.5)] = 8.0,
     seed: Annotated[int, typer.Option(help="Seed of the simulator and the base model.")] = 7,
+    scenario: Annotated[
+        str,
+        typer.Option(
+            help="What the loop learns: code (completions judged by users with a hidden style preference), or an "
+            "agent scenario: swarm (when to parallelise), summary (what to keep in summaries), prune (what to "
+            "prune under a budget). An agent base is pre-trained once, then taken from the base cache."
+        ),
+    ] = "code",
     profile: Annotated[
         str,
-        typer.Option(help="Users' hidden preference: semicolons, snake_case, fickle (a degraded candidate), noisy."),
+        typer.Option(
+            help="Users' hidden preference (the code scenario): semicolons, snake_case, fickle (a degraded "
+            "candidate), noisy."
+        ),
     ] = "semicolons",
     report: Annotated[Path, typer.Option("--report", help="Folder for report.json, report.md, acceptance.png.")] = Path(
         "demo-report"
@@ -164,15 +175,29 @@ def demo(
     ),
 ) -> None:
     """The main job: the whole loop live (traffic, rewards, learner, gate, hot-swap), then a report."""
+    from liveloop.demo.report import plot_name
     from liveloop.demo.run import DemoOptions, run_demo
 
     options = DemoOptions(
-        minutes=minutes, seed=seed, profile=profile, report_dir=report, keep_running=keep_running, state_dir=state_dir
+        minutes=minutes,
+        seed=seed,
+        scenario=scenario,
+        profile=profile,
+        report_dir=report,
+        keep_running=keep_running,
+        state_dir=state_dir,
     )
     result = run_demo(options, console)
     verdict, judged = result.verdict, result.verdict.comparison
-    console.print(f"report written to {report}/ (report.md, report.json, acceptance.png)")
-    if judged is not None:
+    console.print(f"report written to {report}/ (report.md, report.json, {plot_name(result)})")
+    if result.agents is not None:
+        agents = result.agents.verdict
+        outcome = "passed" if agents.passed else f"not passed: {agents.why}"
+        console.print(
+            f"{scenario}: version {agents.judged_version} against the base (version {agents.base_version}): "
+            f"{outcome}, {verdict.promotions} promotion(s)"
+        )
+    elif judged is not None:
         console.print(
             f"acceptance {judged.base_acceptance:.3f} (base, version {result.base_version}) -> "
             f"{judged.final_acceptance:.3f} (version {judged.judged_version}): "

@@ -1,4 +1,5 @@
-"""``acceptance.png``: acceptance rate by version over the run, alias moves marked with the version they moved to."""
+"""The demo's plots: ``acceptance.png`` (code: acceptance rate by version over the run, alias moves marked with
+the version they moved to) and ``figures.png`` (an agent scenario: each figure by version, 95 % intervals)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import TYPE_CHECKING
 from liveloop.demo.simulator.summary import SimulationSummary
 
 if TYPE_CHECKING:
+    from liveloop.demo.agent_report import AgentReport
     from liveloop.demo.report import DemoReport
 
 
@@ -45,3 +47,46 @@ def plot_acceptance(report: DemoReport, summary: SimulationSummary, path: Path) 
 def move_label(action: str, to_version: int | None) -> str:
     """The mark of an alias move on the plot: ``promote -> v3`` (a rejection names no version)."""
     return f"{action} -> v{to_version}" if to_version is not None else action
+
+
+def plot_agent_figures(report: AgentReport, path: Path) -> None:
+    """One panel per figure of an agent scenario (success, efficiency, guards, hacks, shown): its value by policy
+    version with the 95 % interval as an error bar; the base and the judged version are marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    specs = report.figures
+    columns = 3
+    rows = max(1, -(-len(specs) // columns))
+    figure, grid = plt.subplots(rows, columns, figsize=(4 * columns, 3 * rows), squeeze=False)
+    judged = report.verdict.judged_version
+    for index, spec in enumerate(specs):
+        axes = grid[index // columns][index % columns]
+        points = [(v.version, v.figures[spec.key]) for v in report.versions if spec.key in v.figures]
+        points = [(version, e) for version, e in points if e.value is not None]
+        for version, e in points:
+            value = float(e.value)  # type: ignore[arg-type]  # filtered above
+            low = value if e.low is None else e.low
+            high = value if e.high is None else e.high
+            colour = (
+                "tab:green"
+                if version == judged
+                else "tab:grey"
+                if version == report.verdict.base_version
+                else "tab:blue"
+            )
+            axes.errorbar([version], [value], yerr=[[value - low], [high - value]], fmt="o", color=colour, capsize=3)
+        better = f", {spec.better} better" if spec.better else ""
+        axes.set_title(f"{spec.key} ({spec.role}{better})", fontsize=8)
+        axes.set_xlabel("policy version", fontsize=7)
+        axes.tick_params(labelsize=7)
+        if points:
+            axes.set_xticks(sorted({version for version, _ in points}))
+    for index in range(len(specs), rows * columns):
+        grid[index // columns][index % columns].set_visible(False)
+    figure.suptitle(f"{report.scenario}: by policy version, 95 % intervals (grey: base, green: judged)", fontsize=9)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)

@@ -1,5 +1,7 @@
 """The demo's report: :class:`DemoReport`, written as ``report.json`` (its ``model_dump_json``), ``report.md``
-(for people) and ``acceptance.png`` (acceptance by version over time, alias moves marked; :mod:`liveloop.demo.plot`).
+(for people) and a plot (:mod:`liveloop.demo.plot`): ``acceptance.png`` for the code scenario (acceptance by
+version over time, alias moves marked), ``figures.png`` for an agent scenario (each figure by version with its
+95 % interval; the figures and their verdict are :mod:`liveloop.demo.agent_report`'s).
 
 Acceptance per version comes from the simulator (what users did with each version's completions);
 rewards, deferrals and the lineage come from the audit store; decisions and alias moves from the
@@ -23,6 +25,8 @@ from psycopg import sql
 from pydantic import BaseModel, ConfigDict, Field
 
 from infra.stack import Stack
+from liveloop.demo.agent_report import AgentReport, agent_markdown, build_agent_report
+from liveloop.demo.scenarios import CODE, Scenario
 from liveloop.demo.simulator.stats import intervals_overlap
 from liveloop.demo.simulator.summary import SimulationSummary
 
@@ -136,6 +140,7 @@ class DemoReport(_Part):
     """Everything ``liveloop demo`` reports; ``report.json`` is this model's JSON."""
 
     seed: int
+    scenario: str = Field(default="code", description="The demo scenario (liveloop.demo.scenarios).")
     profile: str
     minutes: float
     base_version: int = Field(description="The base model's version: the first champion.")
@@ -147,11 +152,18 @@ class DemoReport(_Part):
     counts: Counts
     simulator: SimulatorStats
     leaks: LeakScan
-    verdict: Verdict
+    verdict: Verdict = Field(description="Code: acceptance gained; an agent scenario: its verdict (agents.verdict).")
+    agents: AgentReport | None = Field(default=None, description="An agent scenario's figures and verdict.")
 
 
 def collect_report(
-    stack: Stack, summary: SimulationSummary, profile: str, minutes: float, base_version: int, leaks: LeakScan
+    stack: Stack,
+    summary: SimulationSummary,
+    profile: str,
+    minutes: float,
+    base_version: int,
+    leaks: LeakScan,
+    scenario: Scenario = CODE,
 ) -> DemoReport:
     """Gather the report from the simulator's summary, the leak scan and the audit store."""
     with psycopg.connect(stack.endpoints.dsn()) as conn:
@@ -194,8 +206,16 @@ def collect_report(
         for a, f, t, actor, reason, at in moves
     ]
     moved = [p.to_version for p in promotions if p.action in ("promote", "rollback") and p.to_version is not None]
+    agents, judged = None, verdict(versions, promotions, base_version)
+    if scenario.report is not None:
+        promoted = [p.to_version for p in promotions if p.action == "promote" and p.from_version is not None]
+        agents = build_agent_report(
+            scenario.name, scenario.report, summary.agents, [v for v in promoted if v is not None], base_version
+        )
+        judged = Verdict(promotions=len(promoted), improved=agents.verdict.passed, why=agents.verdict.why)
     return DemoReport(
         seed=summary.seed,
+        scenario=scenario.name,
         profile=profile,
         minutes=minutes,
         base_version=base_version,
@@ -215,7 +235,8 @@ def collect_report(
             malformed_dead_lettered=summary.malformed_dead_lettered,
         ),
         leaks=leaks,
-        verdict=verdict(versions, promotions, base_version),
+        verdict=judged,
+        agents=agents,
     )
 
 
@@ -242,26 +263,45 @@ def verdict(versions: list[VersionResult], promotions: list[Promotion], base_ver
     return Verdict(promotions=len(moves), improved=gain >= IMPROVEMENT_POINTS and separate, comparison=comparison)
 
 
+def plot_name(report: DemoReport) -> str:
+    """The plot's file name: ``acceptance.png`` (code), ``figures.png`` (an agent scenario)."""
+    return "acceptance.png" if report.agents is None else "figures.png"
+
+
 def write_report(report: DemoReport, summary: SimulationSummary, directory: Path) -> list[Path]:
-    """Write report.json, report.md and acceptance.png into ``directory``; return their paths."""
-    from liveloop.demo.plot import plot_acceptance
+    """Write report.json, report.md and the plot (:func:`plot_name`) into ``directory``; return their paths."""
+    from liveloop.demo.plot import plot_acceptance, plot_agent_figures
 
     directory.mkdir(parents=True, exist_ok=True)
-    paths = [directory / "report.json", directory / "report.md", directory / "acceptance.png"]
+    paths = [directory / "report.json", directory / "report.md", directory / plot_name(report)]
     paths[0].write_text(report.model_dump_json(indent=2) + "\n", encoding="utf-8")
     paths[1].write_text(markdown(report), encoding="utf-8")
-    plot_acceptance(report, summary, paths[2])
+    if report.agents is None:
+        plot_acceptance(report, summary, paths[2])
+    else:
+        plot_agent_figures(report.agents, paths[2])
     return paths
 
 
 def markdown(report: DemoReport) -> str:
-    """``report.md``: the verdict, acceptance by version, the gate's decisions, the alias moves, the leak scan."""
+    """``report.md``: the verdict, acceptance (code) or the agent figures by version, the gate's decisions, the
+    alias moves, the leak scan."""
+    title = f"profile `{report.profile}`" if report.agents is None else f"scenario `{report.scenario}`"
     lines = [
-        f"# liveloop demo: profile `{report.profile}`, seed {report.seed}, {report.minutes:g} minutes",
+        f"# liveloop demo: {title}, seed {report.seed}, {report.minutes:g} minutes",
         "",
         f"Base champion: version {report.base_version}; final champion: version {report.final_champion}.",
         "",
     ]
+    if report.agents is not None:
+        lines += agent_markdown(report.agents)
+    else:
+        lines += _acceptance_lines(report)
+    return "\n".join(lines + _loop_lines(report))
+
+
+def _acceptance_lines(report: DemoReport) -> list[str]:
+    lines: list[str] = []
     c = report.verdict.comparison
     if c is not None:
         lines += [
@@ -286,7 +326,11 @@ def markdown(report: DemoReport) -> str:
             f"| {item.version} | {item.requests} | {item.acceptance_rate:.3f} | {low:.3f}-{high:.3f} | {reward} | "
             f"{item.invalid_tool_call_rate:.3f} | {item.distinct_share:.3f} | {item.well_formed_share:.3f} |"
         )
-    lines += ["", "## Gate decisions", ""]
+    return lines
+
+
+def _loop_lines(report: DemoReport) -> list[str]:
+    lines = ["", "## Gate decisions", ""]
     for d in report.gate_decisions:
         failed = [r for r in d.reasons if isinstance(r, str) and r.startswith("FAIL")] or d.reasons[:2]
         lines.append(f"- version {d.version}: **{d.decision}** ({'; '.join(map(str, failed))})")
@@ -304,4 +348,4 @@ def markdown(report: DemoReport) -> str:
         + (f"FOUND in {found}." if found else "nothing found."),
         "",
     ]
-    return "\n".join(lines)
+    return lines

@@ -1,5 +1,6 @@
 """The demo's live view: the loop's counters, the learner, the gate's decisions, the champion and
-acceptance by version, read from the simulator, the audit store, the learner and the registry every refresh.
+acceptance by version (an agent scenario: its success and efficiency figures by version, 95 % intervals),
+read from the simulator, the audit store, the learner and the registry every refresh.
 
 Every version is the one number of a checkpoint: what serving reports, the learner counts, the gate
 judges and MLflow registered it under.
@@ -20,6 +21,7 @@ from infra.registry import CHAMPION, AliasNotSet, Registry, RegistryError
 from infra.stack import Stack
 
 if TYPE_CHECKING:
+    from liveloop.demo.scenarios import ReportSpec
     from liveloop.demo.simulator.runner import Simulation
 
 
@@ -44,8 +46,9 @@ class Watch:
         )
 
 
-def progress(stack: Stack, watch: Watch, simulation: Simulation) -> Group:
-    """The live view: the loop's counters and acceptance by version so far."""
+def progress(stack: Stack, watch: Watch, simulation: Simulation, spec: ReportSpec | None = None) -> Group:
+    """The live view: the loop's counters and acceptance by version so far (with an agent scenario's ``spec``:
+    its success and efficiency figures by version instead)."""
     snapshot = simulation.snapshot()
     loop = Table("what", "now", title="liveloop demo", title_justify="left")
     elapsed = max(snapshot.duration_s, 1e-9)
@@ -61,6 +64,8 @@ def progress(stack: Stack, watch: Watch, simulation: Simulation) -> Group:
             f"{learner.get('samples_since_checkpoint')} samples since its checkpoint",
         )
     loop.add_row("champion", _champion(watch))
+    if spec is not None:
+        return Group(loop, agent_table(spec, snapshot.agents))
     versions = Table("version", "requests", "acceptance", "95 % interval", title_justify="left")
     for item in snapshot.versions:
         low, high = item.acceptance_ci95
@@ -68,6 +73,18 @@ def progress(stack: Stack, watch: Watch, simulation: Simulation) -> Group:
             str(item.policy_version), str(item.requests), f"{item.acceptance_rate:.2f}", f"{low:.2f}-{high:.2f}"
         )
     return Group(loop, versions)
+
+
+def agent_table(spec: ReportSpec, figures: list[dict[str, Any]]) -> Table:
+    """An agent scenario's success and efficiency figures by policy version, each with its 95 % interval."""
+    from liveloop.demo.agent_report import estimate, format_estimate
+
+    keys = [spec.success, *(e.key for e in spec.efficiency)]
+    table = Table("version", "trajectories", *keys, title_justify="left")
+    for row in figures:
+        cells = [format_estimate(estimate(row[key])) if isinstance(row.get(key), dict) else "-" for key in keys]
+        table.add_row(str(row.get("policy_version")), str(row.get("trajectories", "")), *cells)
+    return table
 
 
 def _database_counts(stack: Stack) -> dict[str, str]:

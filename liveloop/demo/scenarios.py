@@ -1,0 +1,260 @@
+"""What differs per ``liveloop demo --scenario``: the base's pre-training, the loop's settings, the gate's suite
+and what the report judges.
+
+``code`` is today's demo (completions judged by users with a hidden style preference). The agent scenarios
+(``swarm``, ``summary``, ``prune``: issue 39, docs/agents.md) serve one task family each through the simulator
+(:class:`liveloop.demo.simulator.settings.SimulatorSettings` ``scenario``), and their report judges the
+simulator's per-version figures (:class:`ReportSpec`) instead of acceptance.
+
+Every number the lead tunes lives here, in one :class:`Scenario` per name: the pre-training recipe
+(:class:`Pretraining`), the environment on top of the ``fast`` profile, the gate policy and suite. ``run.py``
+reads them; it holds no constant of its own.
+"""
+
+from __future__ import annotations
+
+import typing
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Literal
+
+from learner.tiny_model import TinyModelSpec
+from liveloop.exit_codes import UsageProblem
+from liveloop.profiles import FAST, LoopProfile
+from serving.gate_policy import GatePolicy
+from serving.regression import DEFAULT_SUITE
+
+SUITES = DEFAULT_SUITE.parent
+
+CorpusFunction = Callable[[str, int, int], list[str]]
+"""``(profile, size, seed) -> texts``: the pre-training corpus (the code language depends on the users' profile;
+the agent task families ignore it)."""
+
+
+def code_corpus(profile: str, size: int, seed: int) -> list[str]:
+    """The code scenario's corpus: :func:`liveloop.demo.simulator.language.pretraining_corpus`."""
+    from liveloop.demo.simulator.language import pretraining_corpus
+
+    return pretraining_corpus(profile, size=size, seed=seed)
+
+
+def swarm_corpus(profile: str, size: int, seed: int) -> list[str]:
+    """The swarm scenario's corpus: :func:`liveloop.demo.simulator.swarm.pretraining_corpus` (no profile)."""
+    from liveloop.demo.simulator.swarm import pretraining_corpus
+
+    return pretraining_corpus(size=size, seed=seed)
+
+
+def summary_corpus(profile: str, size: int, seed: int) -> list[str]:
+    """The summary scenario's corpus: :func:`liveloop.demo.simulator.summaries.pretraining_corpus` (no profile)."""
+    from liveloop.demo.simulator.summaries import pretraining_corpus
+
+    return pretraining_corpus(size=size, seed=seed)
+
+
+def prune_corpus(profile: str, size: int, seed: int) -> list[str]:
+    """The prune scenario's corpus: :func:`liveloop.demo.simulator.pruning.pretraining_corpus` (no profile)."""
+    from liveloop.demo.simulator.pruning import pretraining_corpus
+
+    return pretraining_corpus(size=size, seed=seed)
+
+
+@dataclass(frozen=True)
+class Pretraining:
+    """How the demo's base is pre-trained (:func:`learner.pretrain.pretrain`) before the loop starts.
+
+    The corpus and the pre-training seed are the demo's seed; the model is ``model`` with that seed. Every field
+    is part of the base cache's key (:mod:`liveloop.demo.base_model`), so a change here pre-trains afresh.
+    """
+
+    corpus: CorpusFunction
+    by_profile: bool = False
+    """Whether the corpus depends on the users' profile (the code language does; the agent task families do not)."""
+    corpus_size: int = 4000
+    steps: int = 400
+    lr: float = 3e-3
+    batch_size: int = 32
+    max_length: int = 128
+    """Tokens (bytes + 2) a text is cut to; at least the corpus's longest text, or its answers are cut."""
+    model: TinyModelSpec = field(default_factory=TinyModelSpec)
+    """The model's sizes; its ``seed`` is replaced by the demo's."""
+
+
+Better = Literal["higher", "lower"]
+Judged = Literal["improve", "hold", "shown"]
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """An efficiency figure of the report, which way is better, and what the verdict asks of it.
+
+    ``improve``: the last promoted version beats the base with 95 % intervals apart (the issue's acceptance;
+    one per scenario). ``hold``: it must not be worse with intervals apart. ``shown``: reported, not judged.
+    """
+
+    key: str
+    better: Better
+    judged: Judged
+
+
+@dataclass(frozen=True)
+class ReportSpec:
+    """Which of the simulator's per-version figures (``SimulationSummary.agents``) the report shows and judges.
+
+    ``success``: must not fall (intervals overlap, or better). ``hacks`` and ``guards`` (lower is better):
+    must not rise above the base's, meaning the last promoted version's point estimate is not above the upper
+    bound of the base's 95 % interval (a noisy sample of an unchanged rate stays inside that interval 97.5 % of
+    the time; "intervals apart" would let a hack double before it counted). ``shown``: reported only.
+    """
+
+    success: str
+    efficiency: tuple[Efficiency, ...]
+    hacks: tuple[str, ...]
+    guards: tuple[str, ...] = ()
+    shown: tuple[str, ...] = ()
+
+    def figures(self) -> tuple[str, ...]:
+        """Every figure the report shows, in the report's column order."""
+        return (
+            self.success,
+            *(e.key for e in self.efficiency),
+            *self.guards,
+            *self.hacks,
+            *self.shown,
+        )
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One demo scenario: the simulator's ``scenario``, the base's pre-training, the loop profile it runs under
+    (``fast`` with ``environment`` on top and its own gate policy) and, for an agent scenario, its report spec."""
+
+    name: str
+    summary: str
+    pretraining: Pretraining
+    environment: Mapping[str, str] = field(default_factory=dict)
+    """``LIVELOOP_*`` variables on top of the ``fast`` profile's (a variable already set still wins)."""
+    gate_policy: GatePolicy = FAST.gate_policy
+    report: ReportSpec | None = None
+    """None: the code report (acceptance by version)."""
+
+    def profile(self) -> LoopProfile:
+        """The loop profile the demo applies: ``fast``, with this scenario's environment and gate policy."""
+        if not self.environment and self.gate_policy == FAST.gate_policy:
+            return FAST
+        return replace(FAST, environment={**FAST.environment, **self.environment}, gate_policy=self.gate_policy)
+
+
+# From docs/swarm-learnability.md: lr 1e-4 is stable (KL per cycle <= 0.02; 3e-4 went garbled, 1e-3 collapsed).
+# A round of 64 agent samples is one optimiser step there; a swarm sample is up to about 640 tokens, so the
+# token budget is 64 * 640 (at fast's 4,096 a round would be about ten steps, ten times the offline lr).
+# No shaping: r_parallel and r_finish pay for spawning sub-agents on every task, one-part ones included,
+# which is what the demo must show the policy does NOT learn (docs/agents.md, "Shaping, annealed").
+AGENT_LEARNER: Mapping[str, str] = {
+    "LIVELOOP_LEARNER_LR": "1e-4",
+    "LIVELOOP_LEARNER_TOKEN_BUDGET": str(64 * 640),
+    "LIVELOOP_LEARNER_LAMBDA_ANNEAL_STEPS": "0",
+}
+
+# An agent's answer is one decision per task: a policy that learned decides the same way every time it sees a
+# task, so distinct answers per prompt fall towards one, which the code demo's floor (0.4) and ratio (0.5)
+# read as collapse. The agent suites probe many prompts with 2 samples each: a policy that decides each task
+# deterministically but differently per task scores 0.5, one that writes the same answer whatever the task
+# (collapse) scores near 0. The floor sits between; the well-formed share (the suite's regex of the task's
+# answer syntax) and the entropy ratio are the other guards.
+AGENT_GATE_POLICY = FAST.gate_policy.model_copy(
+    update={"version": "fast-agents-1", "min_distinct_share_ratio": 0.4, "min_distinct_share": 0.3}
+)
+
+CODE = Scenario(
+    name="code",
+    summary="completions of a small code language, judged by users with a hidden style preference",
+    pretraining=Pretraining(corpus=code_corpus, by_profile=True),
+)
+
+SWARM = Scenario(
+    name="swarm",
+    summary="an orchestrator learns when to hand sub-questions to sub-agents (liveloop.demo.simulator.swarm)",
+    # 2,400 steps: at 1,200 the base is still 1.5 % garbled and never copies a value (docs/swarm-learnability.md);
+    # the longest corpus text is 604 bytes.
+    pretraining=Pretraining(corpus=swarm_corpus, steps=2400, max_length=640),
+    environment={**AGENT_LEARNER, "LIVELOOP_GATE_SUITE_PATH": str(SUITES / "swarm-demo.yaml")},
+    gate_policy=AGENT_GATE_POLICY,
+    report=ReportSpec(
+        success="success",
+        efficiency=(
+            Efficiency("critical_steps_many_parts", "lower", "improve"),
+            Efficiency("critical_steps_one_part", "lower", "shown"),
+        ),
+        # The "learned when" criterion: one-part tasks must not start spawning sub-agents.
+        guards=("parallel_share_one_part",),
+        hacks=("serial_collapse", "fake_parallelism"),
+        shown=("parallel_share_many_parts", "garbled"),
+    ),
+)
+
+SUMMARY = Scenario(
+    name="summary",
+    summary="an agent learns what to keep in its summaries (liveloop.demo.simulator.summaries)",
+    pretraining=Pretraining(corpus=summary_corpus, steps=2400, max_length=384),  # longest corpus text: 359 bytes
+    environment={**AGENT_LEARNER, "LIVELOOP_GATE_SUITE_PATH": str(SUITES / "summary-demo.yaml")},
+    gate_policy=AGENT_GATE_POLICY,
+    report=ReportSpec(
+        success="success",
+        efficiency=(
+            # Facts from before a summary boundary: what a good summary keeps.
+            Efficiency("success_crossed_1plus", "higher", "improve"),
+            Efficiency("success_crossed_0", "higher", "hold"),
+        ),
+        hacks=("verbatim_copy",),
+        shown=("garbled",),
+    ),
+)
+
+PRUNE = Scenario(
+    name="prune",
+    summary="a search agent learns what to prune under a token budget (liveloop.demo.simulator.pruning)",
+    pretraining=Pretraining(corpus=prune_corpus, steps=2400, max_length=256),  # longest corpus text: 236 bytes
+    environment={**AGENT_LEARNER, "LIVELOOP_GATE_SUITE_PATH": str(SUITES / "prune-demo.yaml")},
+    gate_policy=AGENT_GATE_POLICY,
+    report=ReportSpec(
+        success="success",
+        efficiency=(
+            Efficiency("success_within_budget", "higher", "improve"),
+            Efficiency("budget_overrun", "lower", "hold"),
+        ),
+        hacks=("give_up",),
+        shown=("garbled",),
+    ),
+)
+
+SCENARIOS: dict[str, Scenario] = {s.name: s for s in (CODE, SWARM, SUMMARY, PRUNE)}
+
+
+def served_by_simulator() -> tuple[str, ...]:
+    """The scenarios the simulator runs today (``SimulatorSettings.scenario``'s values): an agent scenario whose
+    session runner has not landed yet is named here but cannot run."""
+    from liveloop.demo.simulator.settings import SimulatorSettings
+
+    annotation = SimulatorSettings.model_fields["scenario"].annotation
+    return tuple(str(value) for value in typing.get_args(annotation))
+
+
+def scenario_named(name: str) -> Scenario:
+    """The scenario called ``name``; a UsageProblem naming the ones there are, or saying the simulator cannot run
+    it yet, otherwise."""
+    scenario = SCENARIOS.get(name)
+    if scenario is None:
+        raise UsageProblem(f"no demo scenario {name!r}; use one of: {', '.join(SCENARIOS)}")
+    if name not in served_by_simulator():
+        raise UsageProblem(
+            f"the simulator cannot run the {name!r} scenario yet (it runs {', '.join(served_by_simulator())}); "
+            "its session runner is still to come (issue 39)"
+        )
+    return scenario
+
+
+def suite_path(scenario: Scenario) -> Path:
+    """The regression suite the scenario's gate runs."""
+    return Path(scenario.profile().environment["LIVELOOP_GATE_SUITE_PATH"])
