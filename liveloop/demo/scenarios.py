@@ -47,15 +47,15 @@ def swarm_corpus(profile: str, size: int, seed: int) -> list[str]:
 
 
 def summary_corpus(profile: str, size: int, seed: int) -> list[str]:
-    """The summary scenario's corpus: :func:`liveloop.demo.simulator.summaries.pretraining_corpus` (no profile)."""
-    from liveloop.demo.simulator.summaries import pretraining_corpus
+    """The summary scenario's corpus: :func:`liveloop.demo.simulator.summary_corpus.pretraining_corpus` (no profile)."""
+    from liveloop.demo.simulator.summary_corpus import pretraining_corpus
 
     return pretraining_corpus(size=size, seed=seed)
 
 
 def prune_corpus(profile: str, size: int, seed: int) -> list[str]:
-    """The prune scenario's corpus: :func:`liveloop.demo.simulator.pruning.pretraining_corpus` (no profile)."""
-    from liveloop.demo.simulator.pruning import pretraining_corpus
+    """The prune scenario's corpus: :func:`liveloop.demo.simulator.prune_corpus.pretraining_corpus` (no profile)."""
+    from liveloop.demo.simulator.prune_corpus import pretraining_corpus
 
     return pretraining_corpus(size=size, seed=seed)
 

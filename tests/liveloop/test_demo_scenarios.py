@@ -310,9 +310,9 @@ def test_the_swarm_suites_regex_accepts_every_corpus_answer_and_only_answers_tha
 
 
 def test_the_swarm_suites_fixed_prompts_are_tasks_the_simulator_draws() -> None:
-    drawn = {draw_task(task_rng(1000, i)).prompt() for i in range(16)}
+    drawn = {task.prompt(): task for task in (draw_task(task_rng(1000, i)) for i in range(16))}
     prompts = load_suite(suite_path(SWARM)).diversity.prompts
-    assert set(prompts) <= drawn, "regenerate swarm-demo.yaml's prompts from task_rng(1000, i): the task changed"
-    sizes = [len(p.rsplit("ask: ", 1)[1].split()) for p in prompts]
+    assert set(prompts) <= set(drawn), "regenerate swarm-demo.yaml's prompts from task_rng(1000, i): the task changed"
+    sizes = [drawn[p].size for p in prompts]
     assert sizes.count(1) == 4
     assert sum(s >= 2 for s in sizes) == 4
