@@ -177,6 +177,7 @@ def main() -> None:
         action="store_true",
         help="One EMA baseline for one-part tasks and one for many-part tasks (as a task_kind per size would).",
     )
+    ap.add_argument("--kl-coef", type=float, default=0.0, help="KL penalty to the champion (learner kl_coef).")
     a = ap.parse_args()
     torch.set_num_threads(1)
 
@@ -204,7 +205,7 @@ def main() -> None:
         return
     policy = copy.deepcopy(behaviour).train()
     optimizer = torch.optim.AdamW(policy.parameters(), lr=a.lr, weight_decay=0.0)
-    baseline, config = EmaBaseline(0.9), LossConfig(is_cap=2.0)
+    baseline, config = EmaBaseline(0.9), LossConfig(is_cap=2.0, kl_coef=a.kl_coef)
     started = time.monotonic()
     seen, rewards = 0, []
     while seen < a.total:
@@ -224,7 +225,9 @@ def main() -> None:
         behaviour_logp = torch.zeros_like(logp)
         for i, out in enumerate(answers):
             behaviour_logp[i, : len(out.logprobs)] = torch.tensor(out.logprobs)
-        terms = policy_gradient_loss(logp, behaviour_logp, advantages, valid, config)
+        # The reference of the KL penalty is the champion that sampled the batch, as in the learner's cycle.
+        reference = behaviour_logp if a.kl_coef else None
+        terms = policy_gradient_loss(logp, behaviour_logp, advantages, valid, config, reference)
         optimizer.zero_grad()
         terms.loss.backward()  # type: ignore[no-untyped-call]
         torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)

@@ -79,7 +79,8 @@ def test_a_short_agent_demo_evaluates_a_candidate_and_reports_by_version(name: s
     assert base.trajectories > 0
     # Every figure of the base, with its 95 % interval where anything was measured.
     success = base.figures[spec.success]
-    assert success.n == base.trajectories
+    # Swarm and prune count success per trajectory; summary per question asked (several per session).
+    assert success.n == base.trajectories if name != "summary" else success.n >= base.trajectories
     assert None not in (success.value, success.low, success.high), success
     assert success.low <= success.value <= success.high  # type: ignore[operator]
     # Every figure the scenario's report spec names, the simulator's tally reports (a misnamed key would be

@@ -124,13 +124,13 @@ class SwarmSettings(BaseModel):
         "makes parallelising a one-part task a loss).",
     )
     subagent_failure: float = Field(
-        default=0.05,
+        default=0.03,
         ge=0,
         le=0.5,
         description="Chance that a frozen sub-agent given a sub-question fails to return its answer.",
     )
     step_cost: float = Field(
-        default=0.04,
+        default=0.05,
         ge=0,
         le=0.2,
         description="The credit one critical step costs: the outcome's score is success times "
@@ -143,7 +143,15 @@ class SwarmSettings(BaseModel):
         default=0.5,
         ge=0,
         le=1,
-        description="Share of corpus answers that hand out sub-questions, whatever the task's size.",
+        description="Share of corpus answers that hand out sub-questions, on average over task sizes.",
+    )
+    corpus_size_cue: float = Field(
+        default=0.15,
+        ge=0,
+        le=0.5,
+        description="How much more often corpus answers hand out many-part tasks than one-part ones: the parallel "
+        "share is corpus_parallel_share plus this on many-part tasks, minus it on one-part ones (clamped to 0..1). "
+        "0 leaves the base no cue at all; see corpus_plan.",
     )
     corpus_grouped_share: float = Field(
         default=0.15,
@@ -540,8 +548,17 @@ def render_answer(task: SwarmTask, plan: Plan) -> str:
 
 
 def corpus_plan(rng: random.Random, task: SwarmTask, settings: SwarmSettings = DEFAULT_SETTINGS) -> Plan:
-    """The plan of a corpus answer, drawn independently of the task's size (so the base model has no size cue)."""
-    if rng.random() >= settings.corpus_parallel_share:
+    """The plan of a corpus answer: serial or parallel nearly independently of the task's size.
+
+    Nearly: with ``corpus_size_cue`` 0 the base has no cue from the size at all, and the loop then has to teach
+    it to tell a one-part prompt from a many-part one before it can teach it when to parallelise. Offline
+    (docs/swarm-learnability.md) the loop never did: the decision stayed one for all sizes and followed the
+    one-part tasks' strong preference for serial, many-part tasks included. A small cue (parallel 65 % on
+    many-part tasks, 35 % on one-part ones) gives the base features that tell sizes apart, and leaves the loop
+    most of the way to teach.
+    """
+    cue = settings.corpus_size_cue if task.parallel_is_right() else -settings.corpus_size_cue
+    if rng.random() >= min(1.0, max(0.0, settings.corpus_parallel_share + cue)):
         return "serial"
     shape = rng.random()
     if shape < settings.corpus_idle_share:
@@ -565,9 +582,10 @@ def corpus_examples(
 ) -> list[CorpusExample]:
     """The pre-training examples: prompt, then a well-formed answer drawn by :func:`corpus_plan`.
 
-    Serial and parallel answers come in equal shares on tasks of every size, so the base chooses right about
-    half the time; a few parallel answers group parts or spawn an idle sub-agent, so that both tools' syntax and
-    the fake-parallelism hack are within the base's reach (a hack the loop must not learn to use more).
+    Serial and parallel answers come in nearly equal shares on tasks of every size (:func:`corpus_plan`), so the
+    base chooses right only a little more than half the time; a few parallel answers group parts or spawn an
+    idle sub-agent, so that both tools' syntax and the fake-parallelism hack are within the base's reach (a hack
+    the loop must not learn to use more).
     """
     rng = random.Random(f"liveloop-swarm-corpus:{seed}")  # noqa: S311 - a repeatable simulation, not cryptography
     examples: list[CorpusExample] = []
