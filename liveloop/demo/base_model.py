@@ -1,7 +1,7 @@
 """The demo's base model: pre-trained on the scenario's corpus, cached across demos, registered as the champion.
 
-Pre-training an agent base takes minutes to tens of minutes on one core (docs/swarm-learnability.md: 2,400
-steps, 21 minutes), longer than the demo itself, so a pre-trained base is kept under
+Pre-training an agent base takes minutes to tens of minutes on one core (docs/swarm-learnability.md: 1,500
+steps, about 10 minutes, for swarm), most of the demo's own length, so a pre-trained base is kept under
 ``~/.cache/liveloop/base-models/<scenario>-<key>`` (:class:`DemoSettings` ``base_cache_dir``) and copied into
 the demo's state on the next run. The key (:func:`recipe_key`) hashes everything the weights depend on: the
 scenario, the users' profile (the code corpus depends on it), the pre-training recipe, the model's sizes and

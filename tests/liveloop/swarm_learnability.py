@@ -5,10 +5,9 @@ services, like :mod:`tests.liveloop.learnability_experiment` does for the code d
 :func:`~liveloop.demo.simulator.swarm.pretraining_corpus`; the champion serves drawn tasks (sampled as the
 torch engine samples, ``stop=["\\n"]``, temperature 1, ``--max-tokens``); each answer is read with
 :func:`~liveloop.demo.simulator.swarm.read_decision` and worked out with
-:func:`~liveloop.demo.simulator.swarm.settle`; the reward is::
+:func:`~liveloop.demo.simulator.swarm.settle`; the reward is the live loop's (:class:`RewardConfig`)::
 
-    success - step_cost * critical_steps - hack_penalty * (serial_collapse + fake_parallelism)
-            - garbled_penalty * garbled
+    outcome_score + fake_parallelism_weight * (share of spawned sub-agents that did not finish)
 
 and the learner trains round by round (one optimizer step per ``--round`` samples, advantage = reward - EMA
 baseline, normalised per batch, :func:`learner.loss.policy_gradient_loss` with truncated importance weights).
@@ -18,14 +17,14 @@ critical steps and parallel share for one-part and many-part tasks, garbled shar
 mean per-token ``KL(new || previous champion)`` on the evaluation prompts and the new champion's answers
 (:func:`serving.policy_scores.mean_kl`, the live gate's measure; it refuses above 1.0 nats).
 
-Run on one core: pre-train the base once (2,400 steps, about 21 minutes) and save it, then run the loop on
-it as often as needed (2,048 samples, about 3.5 minutes); results and what they mean are in
-``docs/swarm-learnability.md``::
+Run on one core: pre-train the base once (1,500 steps, about 10 minutes; the same recipe as ``liveloop demo
+--scenario swarm`` at seed 0) and save it, then run the loop on it as often as needed (2,048 samples, about 3.5
+minutes); results and what they mean are in ``docs/swarm-learnability.md``::
 
     PYTHONPATH=. DS_ACCELERATOR=cpu .venv/bin/python -m tests.liveloop.swarm_learnability \
-        --pretrain-only --save /tmp/swarm-base.pt
+        --pretrain-only --pretrain-steps 1500 --save /tmp/swarm-base.pt
     PYTHONPATH=. DS_ACCELERATOR=cpu .venv/bin/python -m tests.liveloop.swarm_learnability \
-        --pretrain-steps 0 --load /tmp/swarm-base.pt --lr 1e-4 --size-buckets
+        --pretrain-steps 0 --load /tmp/swarm-base.pt --lr 1e-4
 
 ``--pretrain-only`` stops after measuring the base (to choose ``--pretrain-steps``); ``--load`` with
 ``--pretrain-steps N`` pre-trains N more steps (with a fresh warm-up and cosine schedule) from saved weights.
@@ -158,7 +157,7 @@ def report(figures: dict[str, float]) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seed", type=int, default=0, help="Seeds the base, the corpus and the training tasks.")
-    ap.add_argument("--pretrain-steps", type=int, default=2400)
+    ap.add_argument("--pretrain-steps", type=int, default=1500)
     ap.add_argument("--pretrain-only", action="store_true", help="Measure the base, then stop.")
     ap.add_argument("--load", type=Path, help="Start from these saved weights (then pre-train --pretrain-steps more).")
     ap.add_argument("--save", type=Path, help="Save the pre-trained base here (to reuse it with --load).")
@@ -168,7 +167,7 @@ def main() -> None:
     ap.add_argument("--total", type=int, default=2048)
     ap.add_argument("--eval", type=int, default=200, help="Fixed evaluation tasks.")
     ap.add_argument("--temperature", type=float, default=1.0)
-    ap.add_argument("--max-tokens", type=int, default=512, help="Longest answer served (6 calls + idle: 496 bytes).")
+    ap.add_argument("--max-tokens", type=int, default=448, help="Longest answer served (5 calls + idle: 425 bytes).")
     ap.add_argument(
         "--fake-parallelism-weight", type=float, default=-0.5, help="The reward spec's fake_parallelism weight."
     )
