@@ -7,9 +7,6 @@ cache, so the test never reads a stale base nor fills the user's), two minutes o
 cadence compressed (a checkpoint every 30 s once 16 samples trained) so that the gate judges a candidate
 within the run. What the base writes after so few steps is mostly garbled; the test asks for the loop's
 machinery and the report's shape, not for learning (the lead's acceptance runs are the full demo).
-
-``summary`` and ``prune`` run once the simulator runs them (``SimulatorSettings.scenario``); until their
-session runners land they are skipped, with that reason.
 """
 
 from __future__ import annotations
@@ -20,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from liveloop.demo.report import DemoReport
-from liveloop.demo.scenarios import SCENARIOS, served_by_simulator
+from liveloop.demo.scenarios import SCENARIOS
 from tests.conftest import free_port
 from tests.liveloop.test_demo import CHATTER, _liveloop
 
@@ -28,14 +25,8 @@ AGENT_SCENARIOS = [name for name, scenario in SCENARIOS.items() if scenario.repo
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
-def _scenario(name: str) -> object:
-    missing = name not in served_by_simulator()
-    reason = f"the simulator has no {name!r} session runner yet (issue 39): the demo refuses the scenario"
-    return pytest.param(name, marks=pytest.mark.skipif(missing, reason=reason))
-
-
 @pytest.mark.timeout(1500)
-@pytest.mark.parametrize("name", [_scenario(name) for name in AGENT_SCENARIOS])
+@pytest.mark.parametrize("name", AGENT_SCENARIOS)
 def test_a_short_agent_demo_evaluates_a_candidate_and_reports_by_version(name: str, tmp_path: Path) -> None:
     state, report_dir, cache = tmp_path / "state", tmp_path / "report", tmp_path / "base-cache"
     env = dict(os.environ, LIVELOOP_INFRA_STATE_DIR=str(state))
