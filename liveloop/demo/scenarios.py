@@ -40,8 +40,8 @@ def code_corpus(profile: str, size: int, seed: int) -> list[str]:
 
 
 def swarm_corpus(profile: str, size: int, seed: int) -> list[str]:
-    """The swarm scenario's corpus: :func:`liveloop.demo.simulator.swarm.pretraining_corpus` (no profile)."""
-    from liveloop.demo.simulator.swarm import pretraining_corpus
+    """The swarm scenario's corpus: :func:`liveloop.demo.simulator.swarm_corpus.pretraining_corpus` (no profile)."""
+    from liveloop.demo.simulator.swarm_corpus import pretraining_corpus
 
     return pretraining_corpus(size=size, seed=seed)
 

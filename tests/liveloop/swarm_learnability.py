@@ -2,7 +2,7 @@
 
 It mirrors the live loop for the ``swarm`` scenario (:mod:`liveloop.demo.simulator.swarm`) without Kafka or
 services, like :mod:`tests.liveloop.learnability_experiment` does for the code demo: the base is pre-trained on
-:func:`~liveloop.demo.simulator.swarm.pretraining_corpus`; the champion serves drawn tasks (sampled as the
+:func:`~liveloop.demo.simulator.swarm_corpus.pretraining_corpus`; the champion serves drawn tasks (sampled as the
 torch engine samples, ``stop=["\\n"]``, temperature 1, ``--max-tokens``); each answer is read with
 :func:`~liveloop.demo.simulator.swarm.read_decision` and worked out with
 :func:`~liveloop.demo.simulator.swarm.settle`; the reward is the live loop's (:class:`RewardConfig`)::
@@ -54,11 +54,11 @@ from liveloop.demo.simulator.swarm import (
     SwarmTask,
     draw_task,
     outcome_score,
-    pretraining_corpus,
     read_decision,
     settle,
     task_rng,
 )
+from liveloop.demo.simulator.swarm_corpus import pretraining_corpus
 from serving.engine import SamplingParams
 from serving.policy_scores import mean_kl
 from serving.torch_decode import Decoded, decode_batch

@@ -17,7 +17,8 @@ from liveloop.demo.base_model import corpus_fingerprint, pretrained_base, recipe
 from liveloop.demo.report import Counts, DemoReport, LeakScan, SimulatorStats, Verdict, markdown, plot_name
 from liveloop.demo.scenarios import CODE, SCENARIOS, SWARM, Pretraining, scenario_named, served_by_simulator, suite_path
 from liveloop.demo.settings import DemoSettings
-from liveloop.demo.simulator.swarm import corpus_examples, draw_task, read_decision, task_rng
+from liveloop.demo.simulator.swarm import draw_task, read_decision, task_rng
+from liveloop.demo.simulator.swarm_corpus import corpus_examples
 from liveloop.demo.simulator.swarm_session import SwarmRecord, SwarmTally
 from liveloop.exit_codes import UsageProblem
 from liveloop.profiles import FAST

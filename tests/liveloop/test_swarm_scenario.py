@@ -27,19 +27,17 @@ from liveloop.demo.simulator.swarm import (
     SubQuestion,
     SwarmSettings,
     SwarmTask,
-    corpus_examples,
     critical_steps,
     draw_task,
     outcome_event,
     outcome_payload,
     outcome_score,
-    pretraining_corpus,
     read_decision,
-    render_answer,
     settle,
     task_rng,
     turn_plan,
 )
+from liveloop.demo.simulator.swarm_corpus import corpus_examples, pretraining_corpus, render_answer
 from serving.tool_calls import render_call
 
 

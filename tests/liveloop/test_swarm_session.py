@@ -19,7 +19,8 @@ from infra.stack import Endpoints
 from liveloop.cli import app
 from liveloop.demo.simulator.stats import mean_interval
 from liveloop.demo.simulator.summary import SimulationSummary
-from liveloop.demo.simulator.swarm import draw_task, render_answer, task_rng
+from liveloop.demo.simulator.swarm import draw_task, task_rng
+from liveloop.demo.simulator.swarm_corpus import render_answer
 from liveloop.demo.simulator.swarm_session import SwarmRecord, SwarmTally, run_swarm_session
 from tests.liveloop.scripted_gateway import Served, scripted_gateway, simulate_env
 from tests.serving.gateway_server import read_events

@@ -127,5 +127,5 @@ def corpus_examples(
 
 def pretraining_corpus(*, size: int = 4000, seed: int = 0, settings: PruneSettings = DEFAULT_SETTINGS) -> list[str]:
     """The texts the base model is pre-trained on for the prune scenario (no eos added), like
-    :func:`liveloop.demo.simulator.swarm.pretraining_corpus`."""
+    :func:`liveloop.demo.simulator.swarm_corpus.pretraining_corpus`."""
     return [example.text for example in corpus_examples(size=size, seed=seed, settings=settings)]
