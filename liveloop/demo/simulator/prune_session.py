@@ -23,11 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
-from uuid import uuid4
 
-from ingest.events import SessionEndedEvent, SessionStartedEvent
-from ingest.payloads import SessionEndedPayload, SessionStartedPayload
-from liveloop.demo.simulator.feedback import Envelope
+from liveloop.demo.simulator.agent_session import end_session, start_session
 from liveloop.demo.simulator.pruning import (
     DEFAULT_SETTINGS,
     PruneOutcome,
@@ -47,8 +44,6 @@ from liveloop.demo.simulator.stats import rate_figure
 from liveloop.demo.simulator.tally import VersionTally
 from liveloop.demo.simulator.transport import GatewayClient
 
-SURFACE = "agent"
-USERS = 12
 """Distinct users the sessions spread over (a user flooding feedback is a hack the audits look for)."""
 
 
@@ -89,22 +84,13 @@ def run_prune_session(
     """
     rng = task_rng(seed, index)
     episode = start(draw_task(rng, settings), settings)
-    envelope = Envelope(prune_session_id(run_id, index), f"user-{index % USERS}", tenant)
-    trajectory_id = uuid4()
-    started = SessionStartedPayload(surface=SURFACE, client="liveloop-simulator")
-    sink.emit(SessionStartedEvent(**envelope.fields(datetime.now(UTC)), payload=started))  # type: ignore[arg-type]
-    request: dict[str, Any] = {
-        "session_id": envelope.session_id,
-        "user_id": envelope.user_id,
-        "tenant": tenant,
-        "surface": SURFACE,
-        "privacy": False,
-    }
+    session = start_session(sink, prune_session_id(run_id, index), index, tenant)
+    request = session.request()
     max_tokens = answer_bytes(settings)
     versions: list[int] = []
     parent: str | None = None
     while not episode.done:
-        turn = {"trajectory_id": str(trajectory_id), "agent": "single", "boundary": next_boundary(episode)}
+        turn = {"trajectory_id": str(session.trajectory_id), "agent": "single", "boundary": next_boundary(episode)}
         if parent is not None:
             turn["parent_turn_id"] = parent
         served = gateway.complete(
@@ -119,9 +105,8 @@ def run_prune_session(
         versions.append(served.policy_version)
         episode = advance(episode, read_decision(served.text))
     outcome = settle(episode)
-    now = datetime.now(UTC)
-    sink.emit(outcome_event(envelope, trajectory_id, outcome, now))
-    sink.emit(SessionEndedEvent(**envelope.fields(now), payload=SessionEndedPayload(reason="done")))  # type: ignore[arg-type]
+    sink.emit(outcome_event(session.envelope, session.trajectory_id, outcome, datetime.now(UTC)))
+    end_session(sink, session)
     return PruneRecord(policy_version=versions[0], outcome=outcome)
 
 

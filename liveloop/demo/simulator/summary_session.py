@@ -22,11 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
-from uuid import uuid4
 
-from ingest.events import SessionEndedEvent, SessionStartedEvent
-from ingest.payloads import SessionEndedPayload, SessionStartedPayload
-from liveloop.demo.simulator.feedback import Envelope
+from liveloop.demo.simulator.agent_session import end_session, start_session
 from liveloop.demo.simulator.session import EventSink
 from liveloop.demo.simulator.stats import rate_figure
 from liveloop.demo.simulator.summaries import (
@@ -43,8 +40,6 @@ from liveloop.demo.simulator.summaries import (
 from liveloop.demo.simulator.tally import VersionTally
 from liveloop.demo.simulator.transport import GatewayClient
 
-SURFACE = "agent"
-USERS = 12
 """Distinct users the sessions spread over (a user flooding feedback is a hack the audits look for)."""
 
 
@@ -85,18 +80,9 @@ def run_summary_session(
     """
     rng = task_rng(seed, index)
     task = draw_task(rng, settings)
-    envelope = Envelope(summary_session_id(run_id, index), f"user-{index % USERS}", tenant)
-    trajectory_id = uuid4()
-    trajectory = str(trajectory_id)
-    started = SessionStartedPayload(surface=SURFACE, client="liveloop-simulator")
-    sink.emit(SessionStartedEvent(**envelope.fields(datetime.now(UTC)), payload=started))  # type: ignore[arg-type]
-    request: dict[str, Any] = {
-        "session_id": envelope.session_id,
-        "user_id": envelope.user_id,
-        "tenant": tenant,
-        "surface": SURFACE,
-        "privacy": False,
-    }
+    session = start_session(sink, summary_session_id(run_id, index), index, tenant)
+    trajectory = str(session.trajectory_id)
+    request = session.request()
     written: list[str] = []
     generation_ids: list[str] = []
     versions: list[int] = []
@@ -128,9 +114,8 @@ def run_summary_session(
     if outcome.summaries:
         # The closing turn: the last summary becomes a summary turn (see summaries.turn_plan).
         serve(outcome.final_context, "summary", len(generation_ids) - 1, CLOSING_TOKENS)
-        sink.emit(outcome_event(envelope, trajectory_id, outcome, datetime.now(UTC)))
-    ended = SessionEndedPayload(reason="done")
-    sink.emit(SessionEndedEvent(**envelope.fields(datetime.now(UTC)), payload=ended))  # type: ignore[arg-type]
+        sink.emit(outcome_event(session.envelope, session.trajectory_id, outcome, datetime.now(UTC)))
+    end_session(sink, session)
     return SummaryRecord(policy_version=versions[0] if versions else None, outcome=outcome, served_turns=len(versions))
 
 

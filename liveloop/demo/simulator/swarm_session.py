@@ -20,12 +20,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
-from uuid import uuid4
 
-from ingest.events import SessionEndedEvent, SessionStartedEvent
-from ingest.payloads import SessionEndedPayload, SessionStartedPayload
+from liveloop.demo.simulator.agent_session import end_session, start_session
 from liveloop.demo.simulator.context import CONTEXT_BYTES
-from liveloop.demo.simulator.feedback import Envelope
 from liveloop.demo.simulator.session import EventSink
 from liveloop.demo.simulator.stats import mean_figure, rate_figure
 from liveloop.demo.simulator.swarm import (
@@ -41,10 +38,6 @@ from liveloop.demo.simulator.swarm import (
 )
 from liveloop.demo.simulator.tally import VersionTally
 from liveloop.demo.simulator.transport import GatewayClient
-
-SURFACE = "agent"
-USERS = 12
-"""Distinct users the sessions spread over (a user flooding feedback is a hack the audits look for)."""
 
 
 @dataclass(frozen=True)
@@ -86,15 +79,12 @@ def run_swarm_session(
     """
     rng = task_rng(seed, index)
     task = draw_task(rng, settings)
-    envelope = Envelope(swarm_session_id(run_id, index), f"user-{index % USERS}", tenant)
-    trajectory_id = uuid4()
-    trajectory = str(trajectory_id)
-    started = SessionStartedPayload(surface=SURFACE, client="liveloop-simulator")
-    sink.emit(SessionStartedEvent(**envelope.fields(datetime.now(UTC)), payload=started))  # type: ignore[arg-type]
+    session = start_session(sink, swarm_session_id(run_id, index), index, tenant)
+    trajectory = str(session.trajectory_id)
     prompt = task.prompt()
     decision = gateway.complete(
         prompt,
-        **_request(envelope, tenant),
+        **session.request(),
         max_tokens=CONTEXT_BYTES - len(prompt.encode()),  # byte-level tokens: whatever the context has left
         temperature=temperature,
         seed=rng.randrange(2**31),
@@ -104,7 +94,7 @@ def run_swarm_session(
     for run in outcome.runs:
         gateway.complete(
             f"{run.agent_id}: {' '.join(run.questions) or '-'}\n",
-            **_request(envelope, tenant),
+            **session.request(),
             max_tokens=1,
             temperature=temperature,
             seed=rng.randrange(2**31),
@@ -117,9 +107,8 @@ def run_swarm_session(
                 "parent_turn_id": decision.generation_id,
             },
         )
-    now = datetime.now(UTC)
-    sink.emit(outcome_event(envelope, trajectory_id, outcome, now, settings))
-    sink.emit(SessionEndedEvent(**envelope.fields(now), payload=SessionEndedPayload(reason="done")))  # type: ignore[arg-type]
+    sink.emit(outcome_event(session.envelope, session.trajectory_id, outcome, datetime.now(UTC), settings))
+    end_session(sink, session)
     return SwarmRecord(
         policy_version=decision.policy_version,
         parts=task.size,
@@ -132,16 +121,6 @@ def run_swarm_session(
         fake_parallelism=outcome.fake_parallelism,
         subagent_turns=len(outcome.runs),
     )
-
-
-def _request(envelope: Envelope, tenant: str) -> dict[str, Any]:
-    return {
-        "session_id": envelope.session_id,
-        "user_id": envelope.user_id,
-        "tenant": tenant,
-        "surface": SURFACE,
-        "privacy": False,
-    }
 
 
 MANY_PARTS = 2
