@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
+import distill.specs
 from learner.tiny_model import TinyModelSpec
 from liveloop.exit_codes import UsageProblem
 from liveloop.profiles import FAST, LoopProfile
@@ -26,6 +27,8 @@ from serving.gate_policy import GatePolicy
 from serving.regression import DEFAULT_SUITE
 
 SUITES = DEFAULT_SUITE.parent
+REWARD_SPECS = Path(distill.specs.__file__).parent
+"""The packaged reward specs (``distill/specs``): a scenario may run the distiller under its own."""
 
 CorpusFunction = Callable[[str, int, int], list[str]]
 """``(profile, size, seed) -> texts``: the pre-training corpus (the code language depends on the users' profile;
@@ -179,7 +182,13 @@ SWARM = Scenario(
     # 1,500 steps: the base then answers 97 % of one-part and 79 % of many-part tasks right, 2.5 % garbled
     # (docs/swarm-learnability.md); the longest corpus text is 478 bytes.
     pretraining=Pretraining(corpus=swarm_corpus, steps=1500, max_length=512),
-    environment={**AGENT_LEARNER, "LIVELOOP_GATE_SUITE_PATH": str(SUITES / "swarm-demo.yaml")},
+    environment={
+        **AGENT_LEARNER,
+        "LIVELOOP_GATE_SUITE_PATH": str(SUITES / "swarm-demo.yaml"),
+        # A heavier fake-parallelism guard: at the default weight a 12-minute demo learned to parallelise and to
+        # spawn idle sub-agents with it (the spec's header has the figures).
+        "LIVELOOP_DISTILL_SPEC_PATH": str(REWARD_SPECS / "swarm-demo.yaml"),
+    },
     gate_policy=AGENT_GATE_POLICY,
     report=ReportSpec(
         success="success",

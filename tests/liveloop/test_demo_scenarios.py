@@ -15,7 +15,16 @@ from learner.tiny_model import TinyModelSpec
 from liveloop.demo.agent_report import Estimate, build_agent_report, figure_specs, judge
 from liveloop.demo.base_model import corpus_fingerprint, pretrained_base, recipe, recipe_key
 from liveloop.demo.report import Counts, DemoReport, LeakScan, SimulatorStats, Verdict, markdown, plot_name
-from liveloop.demo.scenarios import CODE, SCENARIOS, SWARM, Pretraining, scenario_named, served_by_simulator, suite_path
+from liveloop.demo.scenarios import (
+    CODE,
+    REWARD_SPECS,
+    SCENARIOS,
+    SWARM,
+    Pretraining,
+    scenario_named,
+    served_by_simulator,
+    suite_path,
+)
 from liveloop.demo.settings import DemoSettings
 from liveloop.demo.simulator.swarm import draw_task, read_decision, task_rng
 from liveloop.demo.simulator.swarm_corpus import corpus_examples
@@ -148,6 +157,22 @@ def test_every_agent_scenario_names_one_efficiency_figure_to_improve_and_runs_th
         assert int(env["LIVELOOP_LEARNER_TOKEN_BUDGET"]) >= 64 * scenario.pretraining.max_length
         assert scenario.gate_policy.min_distinct_share < 0.5  # a per-task deterministic policy scores 0.5
     assert CODE.profile() is FAST  # the code demo runs exactly as before
+
+
+def test_the_swarm_demo_distils_under_the_default_spec_with_only_a_heavier_fake_parallelism_guard() -> None:
+    from distill.spec import load_spec
+
+    swarm = load_spec(Path(SWARM.environment["LIVELOOP_DISTILL_SPEC_PATH"]))
+    default = load_spec(REWARD_SPECS / "default.yaml")
+    assert swarm.version != default.version  # samples tell the two reward regimes apart
+    assert swarm.agent is not None
+    assert default.agent is not None
+    assert swarm.agent.weights.fake_parallelism < default.agent.weights.fake_parallelism
+    heavier = default.agent.model_copy(
+        update={"weights": default.agent.weights.model_copy(update={"fake_parallelism": -1.5})}
+    )
+    assert swarm.model_copy(update={"version": default.version}) == default.model_copy(update={"agent": heavier})
+    assert all("LIVELOOP_DISTILL_SPEC_PATH" not in SCENARIOS[name].environment for name in ("code", "summary", "prune"))
 
 
 def test_a_scenario_the_simulator_cannot_run_is_refused_naming_why() -> None:
