@@ -197,6 +197,8 @@ def demo(
             f"{scenario}: version {agents.judged_version} against the base (version {agents.base_version}): "
             f"{outcome}, {verdict.promotions} promotion(s)"
         )
+        for warning in agents.warnings:
+            console.print(f"[yellow]warning:[/yellow] {warning}")
     elif judged is not None:
         console.print(
             f"acceptance {judged.base_acceptance:.3f} (base, version {result.base_version}) -> "

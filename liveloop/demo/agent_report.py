@@ -13,6 +13,10 @@ The verdict (issue 39's acceptance) compares the newest promoted version that se
 
 A figure without an interval on either side (no trajectories of that kind, or a mean of fewer than two) cannot be
 judged, and fails its criterion: the verdict never passes on what was not measured.
+
+The verdict also warns when the base almost never succeeds (:func:`base_warnings`): the loop learns from rewarded
+successes, so a base that reaches none leaves it nothing to reinforce, and no verdict on such a run says anything
+about the loop. It is the first thing to check of a new task family (docs/agent-learnability.md).
 """
 
 from __future__ import annotations
@@ -25,6 +29,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from liveloop.demo.scenarios import Better, ReportSpec
 
 Rule = Literal["improve", "hold", "no_rise"]
+
+MIN_BASE_SUCCESS = 0.05
+"""A base whose success (or success-like efficiency rate) has its 95 % upper bound below this gets a warning: the
+loop has (almost) no rewarded success to learn from. The summary and prune bases of December 2026 were at 0.004
+and 0.038 (docs/agent-learnability.md); swarm's base, which the loop did teach, at 0.87."""
 
 
 class _Part(BaseModel):
@@ -76,6 +85,9 @@ class AgentVerdict(_Part):
     passed: bool
     why: str | None = None
     criteria: list[Criterion] = Field(default_factory=list)
+    warnings: list[str] = Field(
+        default_factory=list, description="What makes the verdict meaningless whatever it says (base_warnings)."
+    )
 
 
 class AgentReport(_Part):
@@ -151,6 +163,26 @@ def judge(rule: Rule, better: Better, base: Estimate | None, final: Estimate | N
     return not worse_apart, f"{span}: {'worse, intervals apart' if worse_apart else 'intervals overlap or better'}"
 
 
+def base_warnings(figures: Sequence[FigureSpec], base: AgentVersion | None) -> list[str]:
+    """A warning for each success-like figure (the success figure, and each efficiency figure to improve where
+    higher is better) on which the base almost never succeeds: its 95 % upper bound under :data:`MIN_BASE_SUCCESS`."""
+    if base is None:
+        return []
+    warnings = []
+    for spec in figures:
+        if spec.better != "higher" or not (spec.role == "success" or spec.rule == "improve"):
+            continue
+        found = base.figures.get(spec.key)
+        if found is None or found.value is None or found.high is None or found.high >= MIN_BASE_SUCCESS:
+            continue
+        warnings.append(
+            f"the base's {spec.key} is {found.value:.3f} (95 % upper bound {found.high:.3f}, n {found.n}): the loop "
+            "learns from rewarded successes and the base almost never reaches one, so this run cannot show "
+            "learning; pre-train the base further or make the task learnable for it first"
+        )
+    return warnings
+
+
 def agent_verdict(
     figures: Sequence[FigureSpec], versions: Sequence[AgentVersion], promoted: Sequence[int], base_version: int
 ) -> AgentVerdict:
@@ -158,10 +190,11 @@ def agent_verdict(
     trajectories, judged against the base on every figure with a rule."""
     by_version = {v.version: v for v in versions if v.trajectories > 0}
     base = by_version.get(base_version)
+    warnings = base_warnings(figures, base)
     served = [v for v in promoted if v in by_version and v != base_version]
     if base is None or not served:
         why = "the base served no trajectories" if base is None else "no promoted checkpoint served trajectories"
-        return AgentVerdict(base_version=base_version, judged_version=None, passed=False, why=why)
+        return AgentVerdict(base_version=base_version, judged_version=None, passed=False, why=why, warnings=warnings)
     final = by_version[served[-1]]
     criteria = []
     for spec in figures:
@@ -179,6 +212,7 @@ def agent_verdict(
         passed=not failed,
         why=f"failed: {', '.join(failed)}" if failed else None,
         criteria=criteria,
+        warnings=warnings,
     )
 
 
@@ -209,6 +243,8 @@ def agent_markdown(report: AgentReport) -> list[str]:
     """``report.md``'s agent section: the verdict and its criteria, then every figure by version."""
     v = report.verdict
     lines = ["## Verdict", ""]
+    lines += [f"**Warning:** {warning}." for warning in v.warnings]
+    lines += [""] if v.warnings else []
     if v.judged_version is None:
         lines += [f"Nothing to judge: {v.why}.", ""]
     else:

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from learner.tiny_model import TinyModelSpec
-from liveloop.demo.agent_report import Estimate, build_agent_report, figure_specs, judge
+from liveloop.demo.agent_report import Estimate, agent_markdown, build_agent_report, figure_specs, judge
 from liveloop.demo.base_model import corpus_fingerprint, pretrained_base, recipe, recipe_key
 from liveloop.demo.report import Counts, DemoReport, LeakScan, SimulatorStats, Verdict, markdown, plot_name
 from liveloop.demo.scenarios import (
@@ -342,3 +342,18 @@ def test_the_swarm_suites_fixed_prompts_are_tasks_the_simulator_draws() -> None:
     sizes = [drawn[p].size for p in prompts]
     assert sizes.count(1) == 4
     assert sum(s >= 2 for s in sizes) == 4
+
+
+def test_a_base_that_almost_never_succeeds_is_warned_of_whatever_the_verdict() -> None:
+    # The summary demo's base of December 2026: no fact kept across a boundary in 851 questions.
+    hopeless = _swarm_row(1, success=_rate(0.0, 0.0, 0.004, n=851))
+    verdict = _verdict(hopeless, _swarm_row(3, **LEARNED, success=_rate(0.01, 0.0, 0.03)))
+    [warning] = verdict.warnings
+    assert warning.startswith("the base's success is 0.000 (95 % upper bound 0.004, n 851)"), warning
+    # Still warned when nothing was promoted; a base at the bound, or a lower-is-better figure near 0, is not.
+    assert _verdict(hopeless, _swarm_row(2), promoted=[]).warnings == verdict.warnings
+    assert _verdict(_swarm_row(1, success=_rate(0.02, 0.01, 0.05)), _swarm_row(3, **LEARNED)).warnings == []
+    assert _verdict(_swarm_row(1, fake_parallelism=_rate(0.0, 0.0, 0.01)), _swarm_row(3, **LEARNED)).warnings == []
+    report = build_agent_report("swarm", SPEC, [hopeless, _swarm_row(3, **LEARNED)], [3], 1)
+    markdown = "\n".join(agent_markdown(report))
+    assert f"**Warning:** {verdict.warnings[0]}." in markdown
