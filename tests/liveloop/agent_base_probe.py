@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -26,8 +25,6 @@ from typing import Any
 import torch
 
 from learner.tiny_model import byte_tokenizer
-
-_FACT = re.compile(r"\b[a-z]=[0-9]{4}\b")
 
 
 def complete(model: Any, tokenizer: Any, prompt: str, max_new_tokens: int) -> str:
@@ -52,20 +49,19 @@ def probe_prune(model: Any, tokenizer: Any, count: int, seed: int) -> dict[str, 
 
 
 def probe_summary(model: Any, tokenizer: Any, count: int, seed: int) -> dict[str, Any]:
-    from liveloop.demo.simulator.summaries import SUMMARY_CUE, facts_held
+    from liveloop.demo.simulator.summaries import SUMMARY_CUE, facts_held, read_summary
     from liveloop.demo.simulator.summary_corpus import corpus_examples
 
     with_facts = facts_in_context = facts_kept = all_kept = 0
     for example in corpus_examples(size=count, seed=seed):
-        assert example.prompt.endswith(SUMMARY_CUE)
-        held = {f"{key}={example.task.value(key):04d}" for key in facts_held(example.prompt, example.task)}
-        written = set(_FACT.findall(complete(model, tokenizer, example.prompt, 64)))
-        if not held:  # nothing to keep: any summary keeps it all
-            continue
+        if not facts_held(example.prompt.removesuffix(SUMMARY_CUE), example.task):
+            continue  # nothing to keep: any summary keeps it all
+        # Read as the simulator reads a live summary: the facts held, and which of them it kept.
+        read = read_summary(complete(model, tokenizer, example.prompt, 64), example.prompt, example.task)
         with_facts += 1
-        facts_in_context += len(held)
-        facts_kept += len(held & written)
-        all_kept += held <= written
+        facts_in_context += len(read.held)
+        facts_kept += len(read.held) - len(read.lost)
+        all_kept += read.keeps_all
     return {
         "prompts_with_facts": with_facts,
         "facts_in_context": facts_in_context,
