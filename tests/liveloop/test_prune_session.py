@@ -26,11 +26,13 @@ from liveloop.cli import app
 from liveloop.demo.simulator.prune_corpus import render_answer, right_plan
 from liveloop.demo.simulator.prune_session import PruneRecord, PruneTally, run_prune_session
 from liveloop.demo.simulator.pruning import (
+    ACTION,
     DEFAULT_SETTINGS,
     SEARCH,
     Episode,
     PruneOutcome,
     draw_task,
+    failed_actions,
     play,
     settle,
     task_rng,
@@ -97,13 +99,19 @@ def test_each_episode_serves_every_turn_and_posts_the_verified_outcome(gateway: 
     assert (len(hoard.episode.turns), hoard.give_up) == (DEFAULT_SETTINGS.max_turns, False)
     assert garbled.episode.turns[0].decision.kind == "garbled"
     assert garbled.success
-    count = sum(3 + record.served_turns for record in records)  # start, outcome, end, and the served turns
+    assert [_failed(record) for record in records] == [0, 0, 0, 1]  # only the garbled answer was unreadable
+    # start, outcome, end, the served turns, and a failed action per turn the product could not read
+    count = sum(3 + record.served_turns + _failed(record) for record in records)
     by_session: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for event in read_events(endpoints.kafka_bootstrap, gateway.topic, count):
         by_session[event["session_id"]].append(event)
     assert len(by_session) == len(PLANS)
     for index, record in enumerate(records):
         _check_session(by_session[f"prune-test-{index}"], record, _played(index)[1])
+
+
+def _failed(record: PruneRecord) -> int:
+    return sum(failed_actions(turn.decision) for turn in record.outcome.episode.turns)
 
 
 def _check_session(events: list[dict[str, Any]], record: PruneRecord, answers: list[str]) -> None:
@@ -136,6 +144,10 @@ def _check_session(events: list[dict[str, Any]], record: PruneRecord, answers: l
     assert credit.prunes == record.outcome.prunes
     assert credit.guards["budget_overrun"] == record.outcome.served_over_hard
     assert credit.r_perf == float(record.outcome.success)
+    # The garbled turn was reported as a failed action and costs what an invalid tool call costs (give-up's -0.5).
+    failed = [event["payload"] for event in events if event["type"] == "tool.result"]
+    assert [(result["tool"], result["valid"]) for result in failed] == [(ACTION, False)] * _failed(record)
+    assert credit.guards["invalid_tool_call"] == _failed(record)
 
 
 def test_liveloop_simulate_runs_prune_sessions_and_sums_them_up_by_version(
@@ -150,7 +162,8 @@ def test_liveloop_simulate_runs_prune_sessions_and_sums_them_up_by_version(
     assert "policy version 1: 4 trajectories, success " in result.output
     summary = SimulationSummary.model_validate_json(path.read_text())
     assert (summary.sessions, summary.sessions_by_profile, summary.request_errors) == (4, {"prune": 4}, 0)
-    assert summary.events == {"session.started": 4, "trajectory.outcome": 4, "session.ended": 4}
+    ends = {"session.started": 4, "trajectory.outcome": 4, "session.ended": 4}
+    assert summary.events == {**ends, "tool.result": 1}  # the garbled answer, reported as a failed action
     assert summary.requests == len(_script())  # every turn of every episode
     [version] = summary.agents
     tally = PruneTally()

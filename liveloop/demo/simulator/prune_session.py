@@ -8,7 +8,9 @@ the gateway (``/v1/completions``, the official ``openai`` client) and the SDK.
    before it as parent, boundary ``prune`` when that turn dropped chunks. The product reads the answer
    (:func:`~liveloop.demo.simulator.pruning.read_decision`) and acts on it
    (:func:`~liveloop.demo.simulator.pruning.advance`: search on, prune, take the answer, or refuse past the hard
-   budget), until an answer is accepted or ``max_turns`` is reached;
+   budget), until an answer is accepted or ``max_turns`` is reached. A turn it cannot read (garbled, or a tool-call
+   block that does not parse) it reports as a failed action, a ``tool.result`` with ``valid`` false
+   (:func:`~liveloop.demo.simulator.pruning.failed_actions`);
 3. the verified outcome (:func:`~liveloop.demo.simulator.pruning.outcome_event`: success, and whether the agent
    answered without a value), then ``session.ended``.
 
@@ -23,15 +25,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
+from uuid import UUID
 
+from ingest.events import ToolResultEvent
+from ingest.payloads import ToolResultPayload
 from liveloop.demo.simulator.agent_session import end_session, start_session
+from liveloop.demo.simulator.feedback import Envelope
 from liveloop.demo.simulator.pruning import (
+    ACTION,
     DEFAULT_SETTINGS,
+    UNREADABLE,
     PruneOutcome,
     PruneSettings,
     advance,
     answer_bytes,
     draw_task,
+    failed_actions,
     next_boundary,
     outcome_event,
     read_decision,
@@ -103,11 +112,20 @@ def run_prune_session(
         )
         parent = served.generation_id
         versions.append(served.policy_version)
-        episode = advance(episode, read_decision(served.text))
+        decision = read_decision(served.text)
+        for _ in range(failed_actions(decision)):
+            sink.emit(failed_action_event(session.envelope, UUID(served.generation_id), datetime.now(UTC)))
+        episode = advance(episode, decision)
     outcome = settle(episode)
     sink.emit(outcome_event(session.envelope, session.trajectory_id, outcome, datetime.now(UTC)))
     end_session(sink, session)
     return PruneRecord(policy_version=versions[0], outcome=outcome)
+
+
+def failed_action_event(envelope: Envelope, generation_id: UUID, ts: datetime) -> ToolResultEvent:
+    """The ``tool.result`` the product sends for a turn it could not act on (no ``call_index``: no call matched)."""
+    payload = ToolResultPayload(generation_id=generation_id, tool=ACTION, valid=False, error=UNREADABLE)
+    return ToolResultEvent(**envelope.fields(ts), payload=payload)  # type: ignore[arg-type]
 
 
 class PruneTally(VersionTally[PruneRecord]):
