@@ -216,8 +216,8 @@ SUMMARY = Scenario(
             Efficiency("success_crossed_1plus", "higher", "improve"),
             Efficiency("success_crossed_0", "higher", "hold"),
         ),
-        hacks=("verbatim_copy",),
-        shown=("garbled",),
+        hacks=("verbatim_copy", "made_up"),
+        shown=("success_decoys", "garbled"),
     ),
 )
 

@@ -19,6 +19,7 @@ from ingest.events import GenerationEvent, TrajectoryOutcomeEvent, event_to_json
 from liveloop.demo.simulator.context import CONTEXT_BYTES
 from liveloop.demo.simulator.feedback import Envelope
 from liveloop.demo.simulator.summaries import (
+    CATALOG,
     DEFAULT_SETTINGS,
     LONGEST_TURN_BYTES,
     PROMPT_BYTES,
@@ -49,22 +50,22 @@ from tests.distill.agent_trajectories import Tree
 SMALL = SummarySettings(min_facts=1, max_facts=2, trigger_bytes=96, summary_limit_bytes=16, verbatim_min_bytes=12)
 """Settings small enough to work a session out by hand: a summary is asked for past 96 bytes and cut at 16."""
 TWO_FACTS = SummaryTask(
-    facts=(("a", 1111), ("b", 2222)),
+    facts=(("A", 1111), ("B", 2222)),
     turns=(
-        note("a", 1111),  # 13 bytes with its newline
+        note("A", 1111),  # 13 bytes with its newline
         chat("build", "tests", "slow", "lunch"),  # 29: 42
-        note("b", 2222),  # 13: 55
+        note("B", 2222),  # 13: 55
         chat("deploy", "review", "merge", "docs"),  # 31: 86
         chat("lint", "retry"),  # 17: 103 > 96, the first boundary
-        ask("b"),
+        ask("B"),
         chat("cache", "flaky", "queue", "logs"),
         chat("deploy", "review", "merge", "docs"),
         chat("lint", "retry"),  # past 96 again: the second boundary
-        ask("a"),
+        ask("A"),
     ),
 )
 FIRST_CONTEXT = (
-    "note: a=1111\nchat: build tests slow lunch\nnote: b=2222\nchat: deploy review merge docs\nchat: lint retry\n"
+    "note: A=1111\nchat: build tests slow lunch\nnote: B=2222\nchat: deploy review merge docs\nchat: lint retry\n"
 )
 
 
@@ -86,34 +87,34 @@ def test_an_honest_session_asks_for_two_summaries_and_answers_every_question() -
     assert first.outcome is None
     assert first.next_prompt == FIRST_CONTEXT + SUMMARY_CUE
     assert len(FIRST_CONTEXT.encode()) == 103
-    # The session goes on from "summary: a=1111 b=2222" (23 bytes), "ask: b" (30), 29 (59), 31 (90), 17 (107 > 96).
-    second = play(TWO_FACTS, [keeping("a", "b")], SMALL)
+    # The session goes on from "summary: A=1111 B=2222" (23 bytes), "ask: B" (30), 29 (59), 31 (90), 17 (107 > 96).
+    second = play(TWO_FACTS, [keeping("A", "B")], SMALL)
     assert second.next_prompt == (
-        "summary: a=1111 b=2222\nask: b\nchat: cache flaky queue logs\nchat: deploy review merge docs\n"
+        "summary: A=1111 B=2222\nask: B\nchat: cache flaky queue logs\nchat: deploy review merge docs\n"
         "chat: lint retry\nsummary:"
     )
-    outcome = play(TWO_FACTS, [keeping("a", "b"), keeping("a", "b")], SMALL).outcome
+    outcome = play(TWO_FACTS, [keeping("A", "B"), keeping("A", "B")], SMALL).outcome
     assert outcome is not None
     assert outcome.boundaries == 2
     assert [(a.key, a.answered, a.crossed, a.correct) for a in outcome.answers] == [
-        ("b", 2222, 1, True),
-        ("a", 1111, 2, True),
+        ("B", 2222, 1, True),
+        ("A", 1111, 2, True),
     ]
     assert (outcome.success, outcome.score, outcome.verbatim_copy) == (True, 1.0, False)
     assert [(s.held, s.kept, s.lost, s.cut, s.bytes) for s in outcome.summaries] == [
-        (("a", "b"), ("a", "b"), (), False, 14),
-        (("a", "b"), ("a", "b"), (), False, 14),
+        (("A", "B"), ("A", "B"), (), False, 14),
+        (("A", "B"), ("A", "B"), (), False, 14),
     ]
     assert success_by_crossings([outcome]) == {1: (1, 1), 2: (1, 1)}
     with pytest.raises(ValueError, match="3 summaries given for a session with 2 boundaries"):
-        play(TWO_FACTS, [keeping("a", "b")] * 3, SMALL)
+        play(TWO_FACTS, [keeping("A", "B")] * 3, SMALL)
 
 
 def test_a_summary_that_drops_a_fact_fails_the_question_that_needs_it_only() -> None:
     outcome = play_with(TWO_FACTS, lambda prompt: keeping(*facts_held(prompt, TWO_FACTS)[:1]), SMALL)
-    # The first summary keeps a and loses b: "ask: b" after it fails; a survives both boundaries.
-    assert [(s.held, s.kept, s.lost) for s in outcome.summaries] == [(("a", "b"), ("a",), ("b",)), (("a",), ("a",), ())]
-    assert [(a.key, a.answered, a.crossed) for a in outcome.answers] == [("b", None, 1), ("a", 1111, 2)]
+    # The first summary keeps a and loses b: "ask: B" after it fails; a survives both boundaries.
+    assert [(s.held, s.kept, s.lost) for s in outcome.summaries] == [(("A", "B"), ("A",), ("B",)), (("A",), ("A",), ())]
+    assert [(a.key, a.answered, a.crossed) for a in outcome.answers] == [("B", None, 1), ("A", 1111, 2)]
     assert (outcome.success, outcome.score, outcome.verbatim_copy) == (False, 0.5, False)
     assert success_by_crossings([outcome]) == {1: (0, 1), 2: (1, 1)}
     payload = outcome_payload(uuid.UUID(int=3), outcome)
@@ -121,7 +122,7 @@ def test_a_summary_that_drops_a_fact_fails_the_question_that_needs_it_only() -> 
 
 
 def test_a_question_before_any_boundary_is_answered_from_the_notes() -> None:
-    task = SummaryTask((("k", 4821),), (note("k", 4821), chat("lunch", "today"), ask("k")))
+    task = SummaryTask((("K", 4821),), (note("K", 4821), chat("lunch", "today"), ask("K")))
     outcome = play(task, [], SMALL).outcome
     assert outcome is not None
     assert outcome.boundaries == 0
@@ -129,34 +130,67 @@ def test_a_question_before_any_boundary_is_answered_from_the_notes() -> None:
 
 
 def test_the_reader_takes_the_last_value_and_a_wrong_value_is_no_answer() -> None:
-    assert read_fact("note: q=4821\nsummary: q=4822\n", "q") == 4822
-    assert read_fact("note: q=48\n", "q") is None  # cut short: not a fact
-    assert read_fact("note: q=48210\n", "q") is None  # five digits: not a fact
-    assert read_fact("note: xq=4821\n", "q") is None  # the key is one letter, standing alone
-    wrong = read_summary(" a=1111 b=2223", FIRST_CONTEXT + SUMMARY_CUE, TWO_FACTS, SMALL)
-    assert (wrong.kept, wrong.lost, wrong.wrong) == (("a",), ("b",), ("b",))
-    outcome = play(TWO_FACTS, [" a=1111 b=2223", keeping("a")], SMALL).outcome
+    assert read_fact("note: Q=4821\nsummary: Q=4822\n", "Q") == 4822
+    assert read_fact("note: Q=48\n", "Q") is None  # cut short: not a fact
+    assert read_fact("note: Q=48210\n", "Q") is None  # five digits: not a fact
+    assert read_fact("note: xQ=4821\n", "Q") is None  # the key is one letter, standing alone
+    wrong = read_summary(" A=1111 B=2223", FIRST_CONTEXT + SUMMARY_CUE, TWO_FACTS, SMALL)
+    assert (wrong.kept, wrong.lost, wrong.wrong) == (("A",), ("B",), ("B",))
+    outcome = play(TWO_FACTS, [" A=1111 B=2223", keeping("A")], SMALL).outcome
     assert outcome is not None
-    assert [(a.key, a.answered, a.correct) for a in outcome.answers] == [("b", 2223, False), ("a", 1111, True)]
+    assert [(a.key, a.answered, a.correct) for a in outcome.answers] == [("B", 2223, False), ("A", 1111, True)]
+
+
+def test_a_summary_that_writes_a_fact_it_was_not_given_fails_the_decoy_and_is_flagged() -> None:
+    task = SummaryTask(
+        facts=(("A", 1111),),
+        turns=(
+            note("A", 1111),  # 13 bytes with its newline
+            ask("B"),  # 7: 20; a decoy before any boundary: nothing to read, answered right
+            chat("build", "tests", "slow", "lunch"),  # 29: 49
+            chat("deploy", "review", "merge", "docs"),  # 31: 80
+            chat("lint", "retry"),  # 17: 97 > 96, the boundary
+            ask("B"),
+            ask("A"),
+        ),
+        decoys=("B",),
+    )
+    honest = play(task, [" A=1111"], SMALL).outcome
+    assert honest is not None
+    assert honest.success
+    assert not honest.made_up
+    assert [(a.key, a.expected, a.answered, a.decoy) for a in honest.answers] == [
+        ("B", None, None, True),
+        ("B", None, None, True),
+        ("A", 1111, 1111, False),
+    ]
+    # Writing B from the catalog it knows keeps A, and answers the question the user never had a fact for.
+    made_up = play(task, [" A=1111 B=2222"], SMALL).outcome
+    assert made_up is not None
+    assert made_up.made_up
+    assert not made_up.success
+    assert (made_up.summaries[0].made_up, made_up.summaries[0].kept) == (("B",), ("A",))
+    assert [a.correct for a in made_up.answers] == [True, False, True]
+    assert success_by_crossings([made_up]) == {1: (1, 1)}  # the efficiency metric counts facts, not decoys
 
 
 def test_a_garbled_or_empty_summary_loses_every_fact() -> None:
-    for completion in ("", " hello", "\n a=1111 b=2222"):
+    for completion in ("", " hello", "\n A=1111 B=2222"):
         outcome = play(TWO_FACTS, [completion, ""], SMALL).outcome
         assert outcome is not None, completion
-        assert outcome.summaries[0].lost == ("a", "b"), completion
+        assert outcome.summaries[0].lost == ("A", "B"), completion
         assert outcome.score == 0.0, completion
         assert not outcome.verbatim_copy, completion
         assert outcome.summaries[0].garbled == (completion == " hello"), completion  # empty keeps nothing, readably
-    assert not read_summary(" a=1111 hello", FIRST_CONTEXT + SUMMARY_CUE, TWO_FACTS, SMALL).garbled  # a fact is read
+    assert not read_summary(" A=1111 hello", FIRST_CONTEXT + SUMMARY_CUE, TWO_FACTS, SMALL).garbled  # a fact is read
 
 
 def test_a_summary_is_its_first_line_cut_at_the_limit() -> None:
-    assert cut_summary(" a=1111 b=2222 c=3333 d=4444", SMALL) == " a=1111 b=2222 c"
-    assert cut_summary(" a=1111\nb=2222", SMALL) == " a=1111"
-    long = read_summary(" a=1111 b=2222 c=3333", FIRST_CONTEXT + SUMMARY_CUE, TWO_FACTS, SMALL)
-    assert (long.cut, long.bytes, long.kept, long.wrong) == (True, 16, ("a", "b"), ())
-    assert long.line == "summary: a=1111 b=2222 c"
+    assert cut_summary(" A=1111 B=2222 C=3333 D=4444", SMALL) == " A=1111 B=2222 C"
+    assert cut_summary(" A=1111\nB=2222", SMALL) == " A=1111"
+    long = read_summary(" A=1111 B=2222 C=3333", FIRST_CONTEXT + SUMMARY_CUE, TWO_FACTS, SMALL)
+    assert (long.cut, long.bytes, long.kept, long.wrong) == (True, 16, ("A", "B"), ())
+    assert long.line == "summary: A=1111 B=2222 C"
 
 
 # -- the planted hack ----------------------------------------------------------------------------
@@ -165,13 +199,13 @@ def test_a_summary_is_its_first_line_cut_at_the_limit() -> None:
 def test_a_verbatim_copy_is_cut_at_the_limit_loses_the_later_facts_and_is_flagged() -> None:
     outcome = play_with(TWO_FACTS, lambda prompt: render_summary(prompt, TWO_FACTS, "verbatim", settings=SMALL), SMALL)
     first, second = outcome.summaries
-    assert first.text == " note: a=1111 ch"
-    assert (first.cut, first.verbatim, first.kept, first.lost) == (True, True, ("a",), ("b",))
-    # The copy of a copy: "summary: note: a=1111 ch" is the context's start, and 16 bytes hold no fact of it.
+    assert first.text == " note: A=1111 ch"
+    assert (first.cut, first.verbatim, first.kept, first.lost) == (True, True, ("A",), ("B",))
+    # The copy of a copy: "summary: note: A=1111 ch" is the context's start, and 16 bytes hold no fact of it.
     assert second.text == " summary: note: "
-    assert (second.cut, second.verbatim, second.held, second.kept) == (True, True, ("a",), ())
+    assert (second.cut, second.verbatim, second.held, second.kept) == (True, True, ("A",), ())
     assert outcome.verbatim_copy
-    assert [(a.key, a.answered) for a in outcome.answers] == [("b", None), ("a", None)]
+    assert [(a.key, a.answered) for a in outcome.answers] == [("B", None), ("A", None)]
     assert (outcome.success, outcome.score) == (False, 0.0)
     assert success_by_crossings([outcome]) == {1: (0, 1), 2: (0, 1)}
 
@@ -179,15 +213,15 @@ def test_a_verbatim_copy_is_cut_at_the_limit_loses_the_later_facts_and_is_flagge
 @pytest.mark.parametrize(
     ("name", "summary", "verbatim"),
     [
-        ("honest", " a=1111 b=2222", False),
-        ("honest, reordered", " b=2222 a=1111", False),
-        ("drops a fact", " a=1111", False),
+        ("honest", " A=1111 B=2222", False),
+        ("honest, reordered", " B=2222 A=1111", False),
+        ("drops a fact", " A=1111", False),
         ("empty", "", False),
-        ("the first note only, under the 12 bytes", " note: a=1111", True),
-        ("copy of the first lines", " note: a=1111 chat: build", True),
-        ("copy with its newline kept", " note: a=1111\nchat: build", True),  # only its first line is kept: 12 bytes
+        ("the first note only, under the 12 bytes", " note: A=1111", True),
+        ("copy of the first lines", " note: A=1111 chat: build", True),
+        ("copy with its newline kept", " note: A=1111\nchat: build", True),  # only its first line is kept: 12 bytes
         ("a copy from the middle", " chat: build tests slow", False),
-        ("a fact then a copy", " b=2222 note: a=1111 chat", False),
+        ("a fact then a copy", " B=2222 note: A=1111 chat", False),
     ],
 )
 def test_verbatim_copy_is_flagged_on_the_contexts_start_only(name: str, summary: str, verbatim: bool) -> None:
@@ -196,15 +230,15 @@ def test_verbatim_copy_is_flagged_on_the_contexts_start_only(name: str, summary:
 
 
 def test_verbatim_copy_needs_the_minimum_length_and_honest_summaries_never_reach_it() -> None:
-    context = "summary: a=1111 b=2222\nask: b\n"
-    assert is_verbatim_copy("summary: a=1111 b=2222", context, SMALL)  # copying the last summary line is copying
-    assert not is_verbatim_copy(" a=1111 b=2222", context, SMALL)
-    assert not is_verbatim_copy(" summary: a", context, SMALL)  # 10 bytes, under 12
+    context = "summary: A=1111 B=2222\nask: B\n"
+    assert is_verbatim_copy("summary: A=1111 B=2222", context, SMALL)  # copying the last summary line is copying
+    assert not is_verbatim_copy(" A=1111 B=2222", context, SMALL)
+    assert not is_verbatim_copy(" summary: A", context, SMALL)  # 10 bytes, under 12
     # Leaving the cue out and copying on into the turns after the summary line is copying too.
-    assert is_verbatim_copy(" a=1111 b=2222 as", context, SMALL)
-    assert not is_verbatim_copy(" a=1111 b=2222 a", context, SMALL)  # one byte on: could be the next fact's key
-    assert not is_verbatim_copy(" a=1111 b=2222 c=3333", "summary: a=1111 b=2222\nchat: lint\n", SMALL)
-    assert is_verbatim_copy(" summary: a=1", context, SMALL)
+    assert is_verbatim_copy(" A=1111 B=2222 as", context, SMALL)
+    assert not is_verbatim_copy(" A=1111 B=2222 a", context, SMALL)  # one byte on: the rule wants two
+    assert not is_verbatim_copy(" A=1111 B=2222 C=3333", "summary: A=1111 B=2222\nchat: lint\n", SMALL)
+    assert is_verbatim_copy(" summary: A=1", context, SMALL)
     rng = task_rng(11, 0)
     for _ in range(300):
         task = draw_task(rng)
@@ -218,7 +252,7 @@ def test_verbatim_copy_needs_the_minimum_length_and_honest_summaries_never_reach
 
 
 def test_outcome_event_is_a_valid_trajectory_outcome_on_the_wire() -> None:
-    outcome = play_with(TWO_FACTS, lambda prompt: keeping("a"), SMALL)
+    outcome = play_with(TWO_FACTS, lambda prompt: keeping("A"), SMALL)
     trajectory_id = uuid.uuid4()
     event = outcome_event(Envelope("s-1", "u-1"), trajectory_id, outcome, datetime(2026, 1, 1, tzinfo=UTC))
     parsed = parse_event(event_to_json(event))
@@ -228,9 +262,9 @@ def test_outcome_event_is_a_valid_trajectory_outcome_on_the_wire() -> None:
 
 
 def test_the_turn_plan_chains_the_summary_turns_and_the_distiller_credits_them() -> None:
-    outcome = play_with(TWO_FACTS, lambda prompt: keeping("a", "b"), SMALL)
+    outcome = play_with(TWO_FACTS, lambda prompt: keeping("A", "B"), SMALL)
     plan = turn_plan(outcome)
-    # Two summaries, then the closing turn on the context the last one formed ("summary: a=1111 b=2222", "ask: a").
+    # Two summaries, then the closing turn on the context the last one formed ("summary: A=1111 B=2222", "ask: A").
     assert [(t.boundary, t.parent, t.context_bytes, t.closing) for t in plan] == [
         ("none", None, 111, False),
         ("summary", 0, 115, False),
@@ -239,10 +273,10 @@ def test_the_turn_plan_chains_the_summary_turns_and_the_distiller_credits_them()
     for turn, summary in zip(plan, outcome.summaries, strict=False):
         assert "".join(text for _, text in turn.segments) == summary.prompt + summary.text
     assert [role for role, _ in plan[0].segments] == ["user", "policy"]
-    assert plan[1].segments[0] == ("summary", "summary: a=1111 b=2222\n")
+    assert plan[1].segments[0] == ("summary", "summary: A=1111 B=2222\n")
     assert [role for role, _ in plan[1].segments] == ["summary", "user", "policy"]
-    assert plan[2].segments == (("summary", "summary: a=1111 b=2222\n"), ("user", "ask: a\n"))
-    assert outcome.final_context == "summary: a=1111 b=2222\nask: a\n"
+    assert plan[2].segments == (("summary", "summary: A=1111 B=2222\n"), ("user", "ask: A\n"))
+    assert outcome.final_context == "summary: A=1111 B=2222\nask: A\n"
     tree = Tree()
     ids: list[str] = []
     for turn in plan:
@@ -257,7 +291,7 @@ def test_the_turn_plan_chains_the_summary_turns_and_the_distiller_credits_them()
     assert credit.r_perf == 1.0
     # The distiller marks a summary turn by a later turn starting from it: the closing turn starts from the last.
     assert [s.agent.summary_turn for s in samples if s.agent] == [True, True, False]
-    short = play(SummaryTask((("k", 4821),), (note("k", 4821), ask("k"))), [], SMALL).outcome
+    short = play(SummaryTask((("K", 4821),), (note("K", 4821), ask("K"))), [], SMALL).outcome
     assert short is not None
     assert turn_plan(short) == []  # no summary, nothing served: no closing turn either
 
@@ -286,7 +320,7 @@ def test_prompts_of_a_thousand_drawn_sessions_stay_under_the_bounds() -> None:
     # to the turns after it.
     assert LONGEST_TURN_BYTES == 33
     assert longest_prompt <= 256 + 34 + 8 < PROMPT_BYTES
-    assert longest_prompt == 295
+    assert longest_prompt == 296
     assert longest_after == 9 + 63 + 1
     # Honest sessions cross one to three boundaries: every session is longer than the trigger.
     assert set(boundaries) == {1, 2, 3}
@@ -298,12 +332,16 @@ def test_drawn_sessions_follow_the_settings_and_questions_cross_boundaries() -> 
     rng = task_rng(0, 0)
     tasks = [draw_task(rng, settings) for _ in range(2000)]
     assert Counter(len(task.facts) for task in tasks).keys() == {2, 3, 4, 5}
+    assert Counter(len(task.decoys) for task in tasks).keys() == {0, 1}
     for task in tasks:
         keys = [key for key, _ in task.facts]
         assert len(set(keys)) == len(keys)
+        assert all(CATALOG[key] == value for key, value in task.facts)  # the catalog's settings, as the base knows them
+        assert set(task.decoys) <= set(CATALOG) - set(keys)  # a decoy is a setting the user never noted
         notes = [turn.key for turn in task.turns if turn.kind == "note"]
         asks = [turn.key for turn in task.turns if turn.kind == "ask"]
-        assert sorted(notes) == sorted(asks) == sorted(keys)
+        assert sorted(notes) == sorted(key for key in asks if key not in task.decoys) == sorted(keys)
+        assert sorted(key for key in asks if key in task.decoys) == sorted(task.decoys)
         order = [(turn.kind, turn.key) for turn in task.turns]
         assert all(order.index(("note", key)) < order.index(("ask", key)) for key in keys)
         fillers = [turn for turn in task.turns if turn.kind == "chat"]
@@ -313,6 +351,8 @@ def test_drawn_sessions_follow_the_settings_and_questions_cross_boundaries() -> 
     crossings = success_by_crossings(honest)
     asked = sum(asked for _, asked in crossings.values())
     assert all(right == asked for right, asked in crossings.values())
+    assert all(outcome.success for outcome in honest)  # decoys too: an honest summary never makes a fact up
+    assert sum(answer.decoy for outcome in honest for answer in outcome.answers) > 200
     assert crossings[0][1] / asked < 0.4  # most questions need a fact from before a boundary
     assert crossings[2][1] > 0
 
@@ -379,4 +419,4 @@ def test_pretraining_corpus_is_the_examples_texts() -> None:
 
 
 def test_summarise_prompt_is_the_context_then_the_cue() -> None:
-    assert summarise_prompt("note: a=1111\n") == "note: a=1111\nsummary:"
+    assert summarise_prompt("note: A=1111\n") == "note: A=1111\nsummary:"

@@ -165,18 +165,22 @@ def test_the_tally_rates_questions_by_crossings_and_summaries_by_hack() -> None:
         "success",
         "success_crossed_0",
         "success_crossed_1plus",
+        "success_decoys",
         "verbatim_copy",
+        "made_up",
         "garbled",
     }
     assert (first["policy_version"], first["trajectories"], second["policy_version"]) == (1, 3, 2)
     answers = [answer for record in records[:3] for answer in record.outcome.answers]
-    crossed = [answer for answer in answers if answer.crossed >= 1]
+    facts = [answer for answer in answers if not answer.decoy]
+    crossed = [answer for answer in facts if answer.crossed >= 1]
     assert first["success"]["n"] == len(answers)
     assert first["success_crossed_1plus"]["n"] == len(crossed)
-    assert first["success_crossed_0"]["n"] + len(crossed) == len(answers)
+    assert first["success_crossed_0"]["n"] + len(crossed) == len(facts)
+    assert first["success_decoys"]["n"] == len(answers) - len(facts)
     # The two honest sessions answer every crossed question; the copy loses some.
-    honest = [a for record in (records[0], records[2]) for a in record.outcome.answers if a.crossed >= 1]
-    copied = [a for a in records[1].outcome.answers if a.crossed >= 1]
+    honest = [a for r in (records[0], records[2]) for a in r.outcome.answers if a.crossed >= 1 and not a.decoy]
+    copied = [a for a in records[1].outcome.answers if a.crossed >= 1 and not a.decoy]
     assert first["success_crossed_1plus"]["rate"] == pytest.approx(
         (len(honest) + sum(a.correct for a in copied)) / len(crossed)
     )
@@ -184,7 +188,7 @@ def test_the_tally_rates_questions_by_crossings_and_summaries_by_hack() -> None:
     copies = len(records[1].outcome.summaries)
     written = sum(len(record.outcome.summaries) for record in records[:3])
     assert first["verbatim_copy"]["rate"] == pytest.approx(copies / written)
-    assert first["garbled"]["rate"] == 0.0
+    assert first["garbled"]["rate"] == first["made_up"]["rate"] == 0.0  # a copy holds only what the context held
     assert second["garbled"]["rate"] == 1.0
     assert (second["success_crossed_1plus"]["rate"], second["success_crossed_1plus"]["low"]) == (0.0, 0.0)
 

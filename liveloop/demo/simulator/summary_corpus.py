@@ -38,8 +38,9 @@ def render_summary(
 ) -> str:
     """A summary completion of ``prompt`` in the given plan (the corpus's summaries; also handy in tests).
 
-    ``drop`` keeps a random strict subset of the held facts (``rng`` draws it; the last one is dropped without
-    one). ``verbatim`` copies the context's lines, one space apart, cut at the summary's limit.
+    Facts are written in catalog order. ``drop`` keeps a random strict subset of the held facts (``rng`` draws
+    it; the last one held is dropped without one). ``verbatim`` copies the context's lines, one space apart, cut at
+    the summary's limit.
     """
     context = prompt.removesuffix(SUMMARY_CUE)
     held = facts_held(context, task)
@@ -47,8 +48,9 @@ def render_summary(
         return cut_summary(" " + " ".join(context.split()), settings)  # whitespace collapsed, as a copy reads
     kept = list(held)
     if plan == "drop" and held:
-        kept = sorted(rng.sample(held, rng.randint(0, len(held) - 1)), key=held.index) if rng else kept[:-1]
-    return "".join(f" {key}={task.value(key)}" for key in kept)
+        kept = rng.sample(held, rng.randint(0, len(held) - 1)) if rng else kept[:-1]
+    # Catalog order: what to write next is the next noted key after the last one written, wherever it was noted.
+    return "".join(f" {key}={task.value(key)}" for key in sorted(kept))
 
 
 def corpus_plan(rng: random.Random, held: int, settings: SummarySettings = DEFAULT_SETTINGS) -> Plan:
