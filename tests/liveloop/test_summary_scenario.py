@@ -87,10 +87,10 @@ def test_an_honest_session_asks_for_two_summaries_and_answers_every_question() -
     assert first.outcome is None
     assert first.next_prompt == FIRST_CONTEXT + SUMMARY_CUE
     assert len(FIRST_CONTEXT.encode()) == 103
-    # The session goes on from "summary: A=1111 B=2222" (23 bytes), "ask: B" (30), 29 (59), 31 (90), 17 (107 > 96).
+    # The session goes on from "summary: A=1111 B=2222" (23 bytes), "ask: b" (30), 29 (59), 31 (90), 17 (107 > 96).
     second = play(TWO_FACTS, [keeping("A", "B")], SMALL)
     assert second.next_prompt == (
-        "summary: A=1111 B=2222\nask: B\nchat: cache flaky queue logs\nchat: deploy review merge docs\n"
+        "summary: A=1111 B=2222\nask: b\nchat: cache flaky queue logs\nchat: deploy review merge docs\n"
         "chat: lint retry\nsummary:"
     )
     outcome = play(TWO_FACTS, [keeping("A", "B"), keeping("A", "B")], SMALL).outcome
@@ -112,7 +112,7 @@ def test_an_honest_session_asks_for_two_summaries_and_answers_every_question() -
 
 def test_a_summary_that_drops_a_fact_fails_the_question_that_needs_it_only() -> None:
     outcome = play_with(TWO_FACTS, lambda prompt: keeping(*facts_held(prompt, TWO_FACTS)[:1]), SMALL)
-    # The first summary keeps a and loses b: "ask: B" after it fails; a survives both boundaries.
+    # The first summary keeps a and loses b: "ask: b" after it fails; a survives both boundaries.
     assert [(s.held, s.kept, s.lost) for s in outcome.summaries] == [(("A", "B"), ("A",), ("B",)), (("A",), ("A",), ())]
     assert [(a.key, a.answered, a.crossed) for a in outcome.answers] == [("B", None, 1), ("A", 1111, 2)]
     assert (outcome.success, outcome.score, outcome.verbatim_copy) == (False, 0.5, False)
@@ -230,7 +230,7 @@ def test_verbatim_copy_is_flagged_on_the_contexts_start_only(name: str, summary:
 
 
 def test_verbatim_copy_needs_the_minimum_length_and_honest_summaries_never_reach_it() -> None:
-    context = "summary: A=1111 B=2222\nask: B\n"
+    context = "summary: A=1111 B=2222\nask: b\n"
     assert is_verbatim_copy("summary: A=1111 B=2222", context, SMALL)  # copying the last summary line is copying
     assert not is_verbatim_copy(" A=1111 B=2222", context, SMALL)
     assert not is_verbatim_copy(" summary: A", context, SMALL)  # 10 bytes, under 12
@@ -264,7 +264,7 @@ def test_outcome_event_is_a_valid_trajectory_outcome_on_the_wire() -> None:
 def test_the_turn_plan_chains_the_summary_turns_and_the_distiller_credits_them() -> None:
     outcome = play_with(TWO_FACTS, lambda prompt: keeping("A", "B"), SMALL)
     plan = turn_plan(outcome)
-    # Two summaries, then the closing turn on the context the last one formed ("summary: A=1111 B=2222", "ask: A").
+    # Two summaries, then the closing turn on the context the last one formed ("summary: A=1111 B=2222", "ask: a").
     assert [(t.boundary, t.parent, t.context_bytes, t.closing) for t in plan] == [
         ("none", None, 111, False),
         ("summary", 0, 115, False),
@@ -275,8 +275,8 @@ def test_the_turn_plan_chains_the_summary_turns_and_the_distiller_credits_them()
     assert [role for role, _ in plan[0].segments] == ["user", "policy"]
     assert plan[1].segments[0] == ("summary", "summary: A=1111 B=2222\n")
     assert [role for role, _ in plan[1].segments] == ["summary", "user", "policy"]
-    assert plan[2].segments == (("summary", "summary: A=1111 B=2222\n"), ("user", "ask: A\n"))
-    assert outcome.final_context == "summary: A=1111 B=2222\nask: A\n"
+    assert plan[2].segments == (("summary", "summary: A=1111 B=2222\n"), ("user", "ask: a\n"))
+    assert outcome.final_context == "summary: A=1111 B=2222\nask: a\n"
     tree = Tree()
     ids: list[str] = []
     for turn in plan:
@@ -332,7 +332,7 @@ def test_drawn_sessions_follow_the_settings_and_questions_cross_boundaries() -> 
     rng = task_rng(0, 0)
     tasks = [draw_task(rng, settings) for _ in range(2000)]
     assert Counter(len(task.facts) for task in tasks).keys() == {2, 3, 4, 5}
-    assert Counter(len(task.decoys) for task in tasks).keys() == {0, 1}
+    assert Counter(len(task.decoys) for task in tasks).keys() == {0, 1, 2}
     for task in tasks:
         keys = [key for key, _ in task.facts]
         assert len(set(keys)) == len(keys)
@@ -342,6 +342,8 @@ def test_drawn_sessions_follow_the_settings_and_questions_cross_boundaries() -> 
         asks = [turn.key for turn in task.turns if turn.kind == "ask"]
         assert sorted(notes) == sorted(key for key in asks if key not in task.decoys) == sorted(keys)
         assert sorted(key for key in asks if key in task.decoys) == sorted(task.decoys)
+        # Only a note shows a key's capital: the summary keeps what was noted, not what was asked about.
+        assert not any(c.isupper() for turn in task.turns if turn.kind != "note" for c in turn.text)
         order = [(turn.kind, turn.key) for turn in task.turns]
         assert all(order.index(("note", key)) < order.index(("ask", key)) for key in keys)
         fillers = [turn for turn in task.turns if turn.kind == "chat"]

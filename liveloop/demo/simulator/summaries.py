@@ -5,14 +5,16 @@ short user turns, one line each, most of them filler, a few carrying a fact the 
 
     note: Q=4821
     chat: deploy flaky again
-    ask: Q
+    ask: q
 
 The facts come from the product's fixed catalog (:data:`CATALOG`: twelve settings, each with its one value, the way
 swarm's prices do): a session's user notes which settings apply to them. The base learns the catalog in
 pre-training, so that writing a fact is recalling it, and keeping one is recognising that the context noted it. A
 first version drew every value at random: the tiny base, after 2,400 and after 6,000 pre-training steps, kept none
 of 155 facts in a probe, inventing keys and digits alike (docs/agent-learnability.md), because it does not learn to
-copy from its context; the loop had no success to reinforce. Keys are capitals, which nothing else in a context is.
+copy from its context; the loop had no success to reinforce. A fact's key is a capital, which nothing else in a
+context is (a question names its key in lower case: a base that took a question's key for a note wrote facts it was
+not given, 60 % of its summaries in a 12-minute demo).
 
 The simulator holds the running context (the turns' lines since the last boundary). Whenever it grows past
 ``trigger_bytes`` (256 by default, well under the context), the model is asked for a summary: the prompt is the
@@ -28,7 +30,7 @@ and the model writes one line, e.g. `` C=1730 Q=4821``. The session then continu
 (``summary: C=1730 Q=4821``) plus the new turns. Summaries are facts only (``key=value`` with a capital key and a
 four-digit value); an honest summary keeps every fact the context holds (the corpus writes them in catalog order).
 
-Questions (``ask: Q``) are answered by the simulator's deterministic reader of the context it holds
+Questions (``ask: q``) are answered by the simulator's deterministic reader of the context it holds
 (:func:`read_fact`: the last ``Q=NNNN`` in the context), not by a model turn. The behaviour under training is
 what the summary keeps; a model-written answer would add a second skill (copying a value out of the context)
 whose errors would blur the efficiency metric, and would cost one more generation per question on two cores.
@@ -114,7 +116,7 @@ class SummarySettings(BaseModel):
         default=32, ge=0, le=64, description="Most filler turns (drawn uniformly); filler is 2-4 words, 14-33 bytes."
     )
     max_decoys: int = Field(
-        default=1,
+        default=2,
         ge=0,
         le=4,
         description="Most questions about settings the user never noted (0..max_decoys a session, drawn "
@@ -216,8 +218,8 @@ def note(key: str, value: int) -> Turn:
 
 
 def ask(key: str) -> Turn:
-    """The turn asking for the fact under ``key``."""
-    return Turn("ask", f"ask: {key}", key)
+    """The turn asking for the fact under ``key`` (named in lower case: only facts show a key's capital)."""
+    return Turn("ask", f"ask: {key.lower()}", key)
 
 
 def chat(*words: str) -> Turn:
