@@ -25,5 +25,4 @@ def reliable_producer(bootstrap: str, **options: Any) -> KafkaProducer:
     # Retries stay at the client's default (unbounded, within delivery_timeout_ms of 2 minutes): a broker killed
     # while leading is fenced only after the controller's session timeout (9 s), and a bounded count of retries
     # 100 ms apart ran out before that, failing thousands of sends with NotLeaderForPartitionError.
-
     return KafkaProducer(bootstrap_servers=bootstrap.split(","), **{**options, **RELIABLE_OPTIONS})

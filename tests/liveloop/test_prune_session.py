@@ -24,15 +24,13 @@ from infra.stack import Endpoints
 from ingest.events import GenerationEvent, TrajectoryOutcomeEvent, parse_event
 from liveloop.cli import app
 from liveloop.demo.simulator.prune_corpus import render_answer, right_plan
-from liveloop.demo.simulator.prune_session import PruneRecord, PruneTally, run_prune_session
+from liveloop.demo.simulator.prune_session import ACTION, PruneRecord, PruneTally, failed_actions, run_prune_session
 from liveloop.demo.simulator.pruning import (
-    ACTION,
     DEFAULT_SETTINGS,
     SEARCH,
     Episode,
     PruneOutcome,
     draw_task,
-    failed_actions,
     play,
     settle,
     task_rng,

@@ -10,7 +10,7 @@ the gateway (``/v1/completions``, the official ``openai`` client) and the SDK.
    (:func:`~liveloop.demo.simulator.pruning.advance`: search on, prune, take the answer, or refuse past the hard
    budget), until an answer is accepted or ``max_turns`` is reached. A turn it cannot read (garbled, or a tool-call
    block that does not parse) it reports as a failed action, a ``tool.result`` with ``valid`` false
-   (:func:`~liveloop.demo.simulator.pruning.failed_actions`);
+   (:func:`failed_actions`);
 3. the verified outcome (:func:`~liveloop.demo.simulator.pruning.outcome_event`: success, and whether the agent
    answered without a value), then ``session.ended``.
 
@@ -32,15 +32,13 @@ from ingest.payloads import ToolResultPayload
 from liveloop.demo.simulator.agent_session import end_session, start_session
 from liveloop.demo.simulator.feedback import Envelope
 from liveloop.demo.simulator.pruning import (
-    ACTION,
     DEFAULT_SETTINGS,
-    UNREADABLE,
+    Decision,
     PruneOutcome,
     PruneSettings,
     advance,
     answer_bytes,
     draw_task,
-    failed_actions,
     next_boundary,
     outcome_event,
     read_decision,
@@ -120,6 +118,22 @@ def run_prune_session(
     sink.emit(outcome_event(session.envelope, session.trajectory_id, outcome, datetime.now(UTC)))
     end_session(sink, session)
     return PruneRecord(policy_version=versions[0], outcome=outcome)
+
+
+UNREADABLE = "neither search, a valid prune_chunks call nor an answer"
+"""The error of a failed action the product reports (:func:`failed_actions`)."""
+ACTION = "action"
+"""The tool name of a failed action's ``tool.result``: the product could not tell which tool the turn meant."""
+
+
+def failed_actions(decision: Decision) -> int:
+    """How many failed actions the product reports for a turn with ``decision``, a ``tool.result`` with ``valid``
+    false each (:data:`UNREADABLE`): every tool-call block that did not parse or named another tool, and one for a
+    garbled turn without any. The distiller charges each as an invalid tool call (-0.5 by default), so that an
+    unreadable turn costs at least what giving up does: a 12-minute demo, when garbled turns cost nothing, learned
+    to trade give-ups (-0.5) for them (docs/agent-learnability.md). The gateway reads no calls on the completions
+    endpoint, so nothing else reports these."""
+    return decision.invalid_calls or int(decision.kind == "garbled")
 
 
 def failed_action_event(envelope: Envelope, generation_id: UUID, ts: datetime) -> ToolResultEvent:

@@ -11,7 +11,8 @@ the model does one thing:
 - prune: a ``prune_chunks`` call, in exactly the syntax :mod:`serving.tool_calls` reads, drops chunks by id;
 - answer: the final answer (a number; ``answer unknown`` gives up).
 
-Anything else is garbled and does nothing; the product reports it as a failed action (:func:`failed_actions`).
+Anything else is garbled and does nothing; the product reports it as a failed action
+(:func:`liveloop.demo.simulator.prune_session.failed_actions`).
 
 The prompt is a raw completion prompt (the gateway's ``/v1/completions``), short and of a fixed shape: a header
 line with the asked key, the context's size against the hard budget and the budget's state, then one line per
@@ -77,10 +78,6 @@ TOOLS: dict[str, list[str]] = {PRUNE_CHUNKS: ["ids"], SEARCH: []}
 """The tools and their required arguments, as :func:`serving.tool_calls.parse_tool_calls` takes them."""
 UNKNOWN = "unknown"
 """The answer that gives up (any answer that is not a number does)."""
-UNREADABLE = "neither search, a valid prune_chunks call nor an answer"
-"""The error of a failed action the product reports (:func:`failed_actions`)."""
-ACTION = "action"
-"""The tool name of a failed action's ``tool.result``: the product could not tell which tool the turn meant."""
 VERIFIER = "exact_match"
 """The outcome's verifier: the answer is compared with the chain's value."""
 
@@ -460,16 +457,6 @@ def advance(episode: Episode, decision: Decision) -> Episode:
     if decision.kind == "answer":
         return replace(episode, turns=(*episode.turns, turn), final=decision)
     return replace(episode, turns=(*episode.turns, turn))
-
-
-def failed_actions(decision: Decision) -> int:
-    """How many failed actions the product reports for a turn with ``decision``, a ``tool.result`` with ``valid``
-    false each (:data:`UNREADABLE`): every tool-call block that did not parse or named another tool, and one for a
-    garbled turn without any. The distiller charges each as an invalid tool call (-0.5 by default), so that an
-    unreadable turn costs at least what giving up does: a 12-minute demo, when garbled turns cost nothing, learned
-    to trade give-ups (-0.5) for them (docs/agent-learnability.md). The gateway reads no calls on the completions
-    endpoint, so nothing else reports these."""
-    return decision.invalid_calls or int(decision.kind == "garbled")
 
 
 Responder = Callable[[Episode], str]
