@@ -2,7 +2,8 @@
 
 The summaries are scripted (:mod:`tests.liveloop.scripted_gateway`): what is tested is the product's side of the
 trajectory (the summary turns and the closing turn, their places, the outcome) and what the distiller makes of it,
-for summaries that keep every fact, copy the context verbatim, or are garbled, in a known order.
+for summaries that keep every fact, copy the context verbatim, are garbled, or add a fact the user never noted, in a
+known order.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from infra.stack import Endpoints
 from ingest.events import GenerationEvent, TrajectoryOutcomeEvent, parse_event
 from liveloop.cli import app
 from liveloop.demo.simulator.summaries import (
+    CATALOG,
     SummaryOutcome,
     SummaryRead,
     SummarySettings,
@@ -31,14 +33,21 @@ from liveloop.demo.simulator.summaries import (
 )
 from liveloop.demo.simulator.summary import SimulationSummary
 from liveloop.demo.simulator.summary_corpus import render_summary
-from liveloop.demo.simulator.summary_session import SummaryRecord, SummaryTally, run_summary_session
+from liveloop.demo.simulator.summary_session import (
+    SUMMARY_TOOL,
+    SummaryRecord,
+    SummaryTally,
+    run_summary_session,
+    ungrounded_facts,
+)
 from liveloop.demo.simulator.transport import GatewayClient
 from tests.liveloop.scripted_gateway import Served, scripted_gateway, simulate_env
 from tests.serving.gateway_server import read_events
 
 SEED = 5
-PLANS = ("keep", "verbatim", "keep", "garbled")
-"""Session i's summaries: every one keeps every fact, copies the context verbatim, or is unreadable."""
+PLANS = ("keep", "verbatim", "keep", "garbled", "invent")
+"""Session i's summaries: every one keeps every fact, copies the context verbatim, is unreadable, or keeps every fact
+and adds one the user never noted (from the catalog)."""
 GARBLED = " hello there"
 CLOSING = "."
 """The closing turn's one token."""
@@ -49,6 +58,9 @@ def _writer(index: int) -> Callable[[str], str]:
     plan = PLANS[index]
     if plan == "garbled":
         return lambda prompt: GARBLED
+    if plan == "invent":
+        extra = next(key for key in sorted(CATALOG) if task.value(key) is None)
+        return lambda prompt: render_summary(prompt, task, "keep") + f" {extra}={CATALOG[extra]}"
     return lambda prompt: render_summary(prompt, task, plan)  # type: ignore[arg-type]
 
 
@@ -89,13 +101,20 @@ def test_each_session_serves_its_summaries_and_a_closing_turn_and_posts_the_veri
     assert not records[1].outcome.success  # the copy is cut at the limit: the facts after the cut fall off
     assert not any(summary.verbatim for record in keep for summary in record.outcome.summaries)
     assert all(summary.garbled for summary in records[3].outcome.summaries)
-    count = sum(3 + record.served_turns for record in records)  # start, outcome, end, and the served turns
+    assert all(len(summary.made_up) == 1 for summary in records[4].outcome.summaries)
+    assert [_ungrounded(record) for record in records[:4]] == [0, 0, 0, 0]  # only the invented facts are reported
+    # start, outcome, end, the served turns, and a failed action per fact a summary wrote its context did not hold
+    count = sum(3 + record.served_turns + _ungrounded(record) for record in records)
     by_session: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for event in read_events(endpoints.kafka_bootstrap, gateway.topic, count):
         by_session[event["session_id"]].append(event)
     assert len(by_session) == len(PLANS)
     for index, record in enumerate(records):
         _check_session(by_session[f"summary-test-{index}"], record)
+
+
+def _ungrounded(record: SummaryRecord) -> int:
+    return sum(len(ungrounded_facts(summary)) for summary in record.outcome.summaries)
 
 
 def _check_session(events: list[dict[str, Any]], record: SummaryRecord) -> None:
@@ -129,6 +148,12 @@ def _check_session(events: list[dict[str, Any]], record: SummaryRecord) -> None:
     assert credit.trainable_turns == len(chain)
     assert credit.r_perf == pytest.approx(record.outcome.score)
     assert [sample.agent.summary_turn for sample in samples if sample.agent] == [True] * len(summaries) + [False]
+    # Each invented fact was reported as a failed action of its summary's turn, and costs an invalid tool call.
+    failed = [event["payload"] for event in events if event["type"] == "tool.result"]
+    assert [(result["tool"], result["valid"]) for result in failed] == [(SUMMARY_TOOL, False)] * _ungrounded(record)
+    summary_turns = {turn["generation_id"] for turn in chain[:-1]}
+    assert {result["generation_id"] for result in failed} <= summary_turns
+    assert credit.guards["invalid_tool_call"] == _ungrounded(record)
 
 
 def test_liveloop_simulate_runs_summary_sessions_and_sums_them_up_by_version(
@@ -140,22 +165,25 @@ def test_liveloop_simulate_runs_summary_sessions_and_sums_them_up_by_version(
     args = ["simulate", *options, "--rate", "50", "--gateway", gateway.url, "--summary", str(path)]
     result = CliRunner().invoke(app, args, env=simulate_env(gateway, endpoints, tmp_path))
     assert result.exit_code == 0, result.output
-    assert "policy version 1: 4 trajectories, success " in result.output
+    assert "policy version 1: 5 trajectories, success " in result.output
     summary = SimulationSummary.model_validate_json(path.read_text())
-    assert (summary.sessions, summary.sessions_by_profile, summary.request_errors) == (4, {"summary": 4}, 0)
-    assert summary.events == {"session.started": 4, "trajectory.outcome": 4, "session.ended": 4}
+    assert (summary.sessions, summary.sessions_by_profile, summary.request_errors) == (5, {"summary": 5}, 0)
+    ends = {"session.started": 5, "trajectory.outcome": 5, "session.ended": 5}
+    invented = len(_expected(PLANS.index("invent")).summaries)  # one invented fact a summary
+    assert summary.events == {**ends, "tool.result": invented}
     assert summary.requests == len(_script())  # every summary and every closing turn
     [version] = summary.agents
     tally = SummaryTally()
     for index in range(len(PLANS)):
         tally.add(SummaryRecord(1, _expected(index), len(_expected(index).summaries) + 1))
     assert version == tally.versions()[0]
-    assert (version["policy_version"], version["trajectories"]) == (1, 4)
+    assert (version["policy_version"], version["trajectories"]) == (1, 5)
+    assert version["made_up"]["rate"] == pytest.approx(invented / sum(len(_expected(i).summaries) for i in range(5)))
 
 
 def test_the_tally_rates_questions_by_crossings_and_summaries_by_hack() -> None:
     tally = SummaryTally()
-    records = [SummaryRecord(1 + (index == 3), _expected(index), 0) for index in range(len(PLANS))]
+    records = [SummaryRecord(1 + (index == 3), _expected(index), 0) for index in range(4)]  # all but the invented
     for record in records:
         tally.add(record)
     first, second = tally.versions()

@@ -3,7 +3,8 @@ every one of its turns carries (:mod:`~liveloop.demo.simulator.swarm_session`,
 :mod:`~liveloop.demo.simulator.summary_session`, :mod:`~liveloop.demo.simulator.prune_session`).
 
 A session is one trajectory: the product opens it (``session.started``, surface ``agent``), serves its turns
-through the gateway under the session's ids, posts the verified outcome, and closes it (``session.ended``).
+through the gateway under the session's ids, reports each turn it could not accept as a failed action, posts the
+verified outcome, and closes it (``session.ended``).
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID, uuid4
 
-from ingest.events import SessionEndedEvent, SessionStartedEvent
-from ingest.payloads import SessionEndedPayload, SessionStartedPayload
+from ingest.events import SessionEndedEvent, SessionStartedEvent, ToolResultEvent
+from ingest.payloads import SessionEndedPayload, SessionStartedPayload, ToolResultPayload
 from liveloop.demo.simulator.feedback import Envelope
 from liveloop.demo.simulator.session import EventSink
 
@@ -54,3 +55,13 @@ def end_session(sink: EventSink, session: AgentSession) -> None:
     """Close the session: ``session.ended``, after its outcome."""
     ended = SessionEndedPayload(reason="done")
     sink.emit(SessionEndedEvent(**session.envelope.fields(datetime.now(UTC)), payload=ended))  # type: ignore[arg-type]
+
+
+def failed_action_event(
+    envelope: Envelope, generation_id: UUID, ts: datetime, *, tool: str, error: str
+) -> ToolResultEvent:
+    """The ``tool.result`` (``valid`` false, no ``call_index``: it matches no call the gateway read) the product sends
+    for one thing a turn did that it could not accept. The distiller charges each as an invalid tool call of that
+    turn (-0.5 by default, :mod:`distill.trajectory`)."""
+    payload = ToolResultPayload(generation_id=generation_id, tool=tool, valid=False, error=error)
+    return ToolResultEvent(**envelope.fields(ts), payload=payload)  # type: ignore[arg-type]

@@ -27,10 +27,7 @@ from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
-from ingest.events import ToolResultEvent
-from ingest.payloads import ToolResultPayload
-from liveloop.demo.simulator.agent_session import end_session, start_session
-from liveloop.demo.simulator.feedback import Envelope
+from liveloop.demo.simulator.agent_session import end_session, failed_action_event, start_session
 from liveloop.demo.simulator.pruning import (
     DEFAULT_SETTINGS,
     Decision,
@@ -50,8 +47,6 @@ from liveloop.demo.simulator.session import EventSink
 from liveloop.demo.simulator.stats import rate_figure
 from liveloop.demo.simulator.tally import VersionTally
 from liveloop.demo.simulator.transport import GatewayClient
-
-"""Distinct users the sessions spread over (a user flooding feedback is a hack the audits look for)."""
 
 
 @dataclass(frozen=True)
@@ -112,7 +107,10 @@ def run_prune_session(
         versions.append(served.policy_version)
         decision = read_decision(served.text)
         for _ in range(failed_actions(decision)):
-            sink.emit(failed_action_event(session.envelope, UUID(served.generation_id), datetime.now(UTC)))
+            failed = failed_action_event(
+                session.envelope, UUID(served.generation_id), datetime.now(UTC), tool=ACTION, error=UNREADABLE
+            )
+            sink.emit(failed)
         episode = advance(episode, decision)
     outcome = settle(episode)
     sink.emit(outcome_event(session.envelope, session.trajectory_id, outcome, datetime.now(UTC)))
@@ -134,12 +132,6 @@ def failed_actions(decision: Decision) -> int:
     to trade give-ups (-0.5) for them (docs/agent-learnability.md). The gateway reads no calls on the completions
     endpoint, so nothing else reports these."""
     return decision.invalid_calls or int(decision.kind == "garbled")
-
-
-def failed_action_event(envelope: Envelope, generation_id: UUID, ts: datetime) -> ToolResultEvent:
-    """The ``tool.result`` the product sends for a turn it could not act on (no ``call_index``: no call matched)."""
-    payload = ToolResultPayload(generation_id=generation_id, tool=ACTION, valid=False, error=UNREADABLE)
-    return ToolResultEvent(**envelope.fields(ts), payload=payload)  # type: ignore[arg-type]
 
 
 class PruneTally(VersionTally[PruneRecord]):

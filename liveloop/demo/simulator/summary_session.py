@@ -10,7 +10,10 @@ surfaces: the gateway (``/v1/completions``, the official ``openai`` client) and 
 3. the session's closing turn, on the context the last summary formed (boundary ``summary``, parent the last
    summary's turn, one token), so that the distiller marks the last summary a summary turn like the others (see
    :func:`~liveloop.demo.simulator.summaries.turn_plan`);
-4. the verified outcome (:func:`~liveloop.demo.simulator.summaries.outcome_event`: every question answered right
+4. every fact a summary wrote that its context did not hold
+   (:attr:`~liveloop.demo.simulator.summaries.SummaryRead.made_up`) the product reports as a failed action of that
+   summary's turn (:func:`ungrounded_facts`);
+5. the verified outcome (:func:`~liveloop.demo.simulator.summaries.outcome_event`: every question answered right
    from the context held, and the share answered right), then ``session.ended``.
 
 The :class:`SummaryRecord` returned is the product's own view of the trajectory; :class:`SummaryTally` counts them
@@ -22,14 +25,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
+from uuid import UUID
 
-from liveloop.demo.simulator.agent_session import end_session, start_session
+from liveloop.demo.simulator.agent_session import end_session, failed_action_event, start_session
 from liveloop.demo.simulator.session import EventSink
 from liveloop.demo.simulator.stats import rate_figure
 from liveloop.demo.simulator.summaries import (
     CLOSING_TOKENS,
     DEFAULT_SETTINGS,
     SummaryOutcome,
+    SummaryRead,
     SummarySettings,
     draw_task,
     outcome_event,
@@ -40,7 +45,8 @@ from liveloop.demo.simulator.summaries import (
 from liveloop.demo.simulator.tally import VersionTally
 from liveloop.demo.simulator.transport import GatewayClient
 
-"""Distinct users the sessions spread over (a user flooding feedback is a hack the audits look for)."""
+SUMMARY_TOOL = "summary"
+"""The tool name of the failed action the product reports for an ungrounded fact (:func:`ungrounded_facts`)."""
 
 
 @dataclass(frozen=True)
@@ -114,9 +120,30 @@ def run_summary_session(
     if outcome.summaries:
         # The closing turn: the last summary becomes a summary turn (see summaries.turn_plan).
         serve(outcome.final_context, "summary", len(generation_ids) - 1, CLOSING_TOKENS)
+        for generation_id, summary in zip(generation_ids, outcome.summaries, strict=False):  # the closing turn last
+            for error in ungrounded_facts(summary):
+                failed = failed_action_event(
+                    session.envelope, UUID(generation_id), datetime.now(UTC), tool=SUMMARY_TOOL, error=error
+                )
+                sink.emit(failed)
         sink.emit(outcome_event(session.envelope, session.trajectory_id, outcome, datetime.now(UTC)))
     end_session(sink, session)
     return SummaryRecord(policy_version=versions[0] if versions else None, outcome=outcome, served_turns=len(versions))
+
+
+def ungrounded_facts(summary: SummaryRead) -> list[str]:
+    """The product's check of a summary against the context it summarised: one error per fact it wrote that the
+    context did not hold (:attr:`~liveloop.demo.simulator.summaries.SummaryRead.made_up`), each reported as a failed
+    action of the summary's turn.
+
+    Why the product checks: every value is in the product's catalog, which the base learned, so a summary can
+    write a setting the user never noted, and a question about it is then answered from the summary. Decoy
+    questions alone did not make that unprofitable: a 12-minute demo on each of two bases raised made-up summaries
+    (0.62 to 0.68, 0.64 to 0.78) while facts across a boundary rose (docs/agent-learnability.md). At -0.5 an
+    ungrounded fact costs more than a question answered right earns, so recalling a lost fact from the catalog no
+    longer pays: only keeping it does.
+    """
+    return [f"wrote {key}, a fact its context did not hold" for key in summary.made_up]
 
 
 class SummaryTally(VersionTally[SummaryRecord]):
