@@ -207,7 +207,13 @@ SUMMARY = Scenario(
     name="summary",
     summary="an agent learns what to keep in its summaries (liveloop.demo.simulator.summaries)",
     pretraining=Pretraining(corpus=summary_corpus, steps=2400, max_length=384),  # longest corpus text: 359 bytes
-    environment={**AGENT_LEARNER, "LIVELOOP_GATE_SUITE_PATH": str(SUITES / "summary-demo.yaml")},
+    environment={
+        **AGENT_LEARNER,
+        "LIVELOOP_GATE_SUITE_PATH": str(SUITES / "summary-demo.yaml"),
+        # A lighter invalid tool call, the charge for each made-up fact: at the default a 12-minute demo learned
+        # to write next to nothing (the spec's header has the figures).
+        "LIVELOOP_DISTILL_SPEC_PATH": str(REWARD_SPECS / "summary-demo.yaml"),
+    },
     gate_policy=AGENT_GATE_POLICY,
     report=ReportSpec(
         success="success",
