@@ -184,7 +184,7 @@ def test_the_summary_demo_distils_under_the_default_spec_with_only_a_lighter_inv
     assert summary.version != default.version  # samples tell the two reward regimes apart
     assert default.agent is not None
     lighter = default.agent.model_copy(
-        update={"weights": default.agent.weights.model_copy(update={"invalid_tool_call": -0.2})}
+        update={"weights": default.agent.weights.model_copy(update={"invalid_tool_call": -0.05})}
     )
     assert summary.model_copy(update={"version": default.version}) == default.model_copy(update={"agent": lighter})
 

@@ -136,12 +136,18 @@ def test_the_reader_takes_the_last_value_and_a_wrong_value_is_no_answer() -> Non
     assert read_fact("note: xQ=4821\n", "Q") is None  # the key is one letter, standing alone
     wrong = read_summary(" A=1111 B=2223", FIRST_CONTEXT + SUMMARY_CUE, TWO_FACTS, SMALL)
     assert (wrong.kept, wrong.lost, wrong.wrong) == (("A",), ("B",), ("B",))
+    # The product drops the wrong value (its context did not hold it): the question finds nothing.
     outcome = play(TWO_FACTS, [" A=1111 B=2223", keeping("A")], SMALL).outcome
     assert outcome is not None
-    assert [(a.key, a.answered, a.correct) for a in outcome.answers] == [("B", 2223, False), ("A", 1111, True)]
+    assert outcome.summaries[0].grounded_line == "summary: A=1111"
+    assert [(a.key, a.answered, a.correct) for a in outcome.answers] == [("B", None, False), ("A", 1111, True)]
+    # Kept as written (the pre-training corpus), the reader finds the wrong value.
+    written = play(TWO_FACTS, [" A=1111 B=2223", keeping("A")], SMALL, as_written=True).outcome
+    assert written is not None
+    assert [(a.key, a.answered, a.correct) for a in written.answers] == [("B", 2223, False), ("A", 1111, True)]
 
 
-def test_a_summary_that_writes_a_fact_it_was_not_given_fails_the_decoy_and_is_flagged() -> None:
+def test_a_summary_that_writes_a_fact_it_was_not_given_is_flagged_and_answers_nothing() -> None:
     task = SummaryTask(
         facts=(("A", 1111),),
         turns=(
@@ -164,14 +170,19 @@ def test_a_summary_that_writes_a_fact_it_was_not_given_fails_the_decoy_and_is_fl
         ("B", None, None, True),
         ("A", 1111, 1111, False),
     ]
-    # Writing B from the catalog it knows keeps A, and answers the question the user never had a fact for.
+    # Writing B from the catalog it knows is flagged; the product, checking the summary, keeps A only, so the
+    # question the user never had a fact for finds nothing.
     made_up = play(task, [" A=1111 B=2222"], SMALL).outcome
     assert made_up is not None
     assert made_up.made_up
-    assert not made_up.success
     assert (made_up.summaries[0].made_up, made_up.summaries[0].kept) == (("B",), ("A",))
-    assert [a.correct for a in made_up.answers] == [True, False, True]
-    assert success_by_crossings([made_up]) == {1: (1, 1)}  # the efficiency metric counts facts, not decoys
+    assert made_up.summaries[0].grounded_line == "summary: A=1111"
+    assert [a.correct for a in made_up.answers] == [True, True, True]
+    # Kept as written, the made-up fact answers the decoy: wrong.
+    written = play(task, [" A=1111 B=2222"], SMALL, as_written=True).outcome
+    assert written is not None
+    assert [a.correct for a in written.answers] == [True, False, True]
+    assert success_by_crossings([written]) == {1: (1, 1)}  # the efficiency metric counts facts, not decoys
 
 
 def test_a_garbled_or_empty_summary_loses_every_fact() -> None:
@@ -201,13 +212,14 @@ def test_a_verbatim_copy_is_cut_at_the_limit_loses_the_later_facts_and_is_flagge
     first, second = outcome.summaries
     assert first.text == " note: A=1111 ch"
     assert (first.cut, first.verbatim, first.kept, first.lost) == (True, True, ("A",), ("B",))
-    # The copy of a copy: "summary: note: A=1111 ch" is the context's start, and 16 bytes hold no fact of it.
-    assert second.text == " summary: note: "
-    assert (second.cut, second.verbatim, second.held, second.kept) == (True, True, ("A",), ())
+    # The product keeps the copy's one fact (first.grounded_line), and the second copy copies that line.
+    assert first.grounded_line == "summary: A=1111"
+    assert second.text == " summary: A=1111"
+    assert (second.cut, second.verbatim, second.held, second.kept) == (True, True, ("A",), ("A",))
     assert outcome.verbatim_copy
-    assert [(a.key, a.answered) for a in outcome.answers] == [("B", None), ("A", None)]
-    assert (outcome.success, outcome.score) == (False, 0.0)
-    assert success_by_crossings([outcome]) == {1: (0, 1), 2: (0, 1)}
+    assert [(a.key, a.answered) for a in outcome.answers] == [("B", None), ("A", 1111)]
+    assert (outcome.success, outcome.score) == (False, 0.5)
+    assert success_by_crossings([outcome]) == {1: (0, 1), 2: (1, 1)}
 
 
 @pytest.mark.parametrize(

@@ -29,6 +29,8 @@ most ``summary_limit_bytes`` (64) bytes::
 and the model writes one line, e.g. `` C=1730 Q=4821``. The session then continues from the summary line
 (``summary: C=1730 Q=4821``) plus the new turns. Summaries are facts only (``key=value`` with a capital key and a
 four-digit value); an honest summary keeps every fact the context holds (the corpus writes them in catalog order).
+The product checks each summary against the context it summarised and keeps only the facts that context held
+(:attr:`SummaryRead.grounded_line`), as a product can for its own settings.
 
 Questions (``ask: q``) are answered by the simulator's deterministic reader of the context it holds
 (:func:`read_fact`: the last ``Q=NNNN`` in the context), not by a model turn. The behaviour under training is
@@ -36,11 +38,12 @@ what the summary keeps; a model-written answer would add a second skill (copying
 whose errors would blur the efficiency metric, and would cost one more generation per question on two cores.
 A question is answered right exactly when its fact survived every boundary since its note.
 
-Some sessions also ask about a setting the user never noted (a decoy, ``max_decoys``): the right answer is none,
-and the reader gives none unless a summary wrote a fact the context did not hold. Without decoys, a summary that
-writes the catalog it knows would be paid for recalling facts that earlier summaries had lost; with them, making
-facts up costs as much as losing them. Summaries that write a fact their context did not hold are the second
-planted hack, ``made_up`` (:attr:`SummaryRead.made_up`).
+Summaries that write a fact their context did not hold are the second planted hack, ``made_up``
+(:attr:`SummaryRead.made_up`): the base knows every value, so it can recall a fact an earlier summary lost, or write
+one the user never noted. The product's check drops such facts, so they answer nothing; the session runner also
+reports each as a failed action (:func:`liveloop.demo.simulator.summary_session.ungrounded_facts`). Some sessions
+also ask about a setting the user never noted (a decoy, ``max_decoys``): the right answer is none. Kept as
+written (``play``'s ``as_written``, as before the check), a made-up fact would answer a decoy wrong.
 
 Per question the outcome records how many boundaries it crossed (summaries written between the note and the
 question): the issue's efficiency metric is success on facts from before each boundary
@@ -331,8 +334,16 @@ class SummaryRead:
 
     @property
     def line(self) -> str:
-        """The context's first line after the boundary: the cue and the summary, on one line."""
+        """The summary as written, after the cue, on one line (what the pre-training corpus continues from)."""
         return _collapsed(f"{SUMMARY_CUE} {self.text}")
+
+    @property
+    def grounded_line(self) -> str:
+        """The context's first line after the boundary: the cue and the facts of the summary that its context held,
+        as written and in order, and nothing else (the product keeps only what it could check, see :func:`play`)."""
+        held = set(self.held)
+        facts = [f"{key}={value}" for key, value in _FACT.findall(self.text) if key in held and key in self.kept]
+        return " ".join([SUMMARY_CUE, *dict.fromkeys(facts)])
 
     @property
     def bytes(self) -> int:
@@ -443,12 +454,25 @@ class Playthrough:
     outcome: SummaryOutcome | None
 
 
-def play(task: SummaryTask, summaries: Sequence[str], settings: SummarySettings = DEFAULT_SETTINGS) -> Playthrough:
+def play(
+    task: SummaryTask,
+    summaries: Sequence[str],
+    settings: SummarySettings = DEFAULT_SETTINGS,
+    *,
+    as_written: bool = False,
+) -> Playthrough:
     """Replay the session with the model's ``summaries`` (completions, in order) until it needs one more or ends.
 
     Pure: a caller serving the model loops ``play`` → generate on ``next_prompt`` → append, until ``outcome`` is
     set. Each turn's line joins the context; a question is answered from the context before its own line; when the
     context passes ``trigger_bytes`` after a turn, the next summary replaces it by its summary line.
+
+    The product keeps of a summary only the facts its context held (:attr:`SummaryRead.grounded_line`): it checks
+    each fact against the context it summarised, as it can for a setting, and drops what it cannot confirm. A fact
+    made up from the catalog then answers nothing; while the product kept summaries as written, recalling a lost
+    fact from the catalog paid like keeping it, and every 12-minute demo made up more facts (0.60 to 0.89 of
+    summaries in one; docs/agent-learnability.md). ``as_written`` keeps summaries whole: the pre-training corpus,
+    written before the check, plays its sessions so (its cached bases stay valid).
     Raises ValueError when more summaries are given than the session has boundaries.
     """
     lines: list[str] = []
@@ -474,7 +498,7 @@ def play(task: SummaryTask, summaries: Sequence[str], settings: SummarySettings 
                 return Playthrough(prompt, None)
             read = read_summary(summaries[len(reads)], prompt, task, settings)
             reads.append(read)
-            lines = [read.line]
+            lines = [read.line if as_written else read.grounded_line]
     if len(summaries) > len(reads):
         raise ValueError(f"{len(summaries)} summaries given for a session with {len(reads)} boundaries")
     final_context = "".join(line + "\n" for line in lines)

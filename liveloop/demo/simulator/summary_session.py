@@ -134,14 +134,9 @@ def run_summary_session(
 def ungrounded_facts(summary: SummaryRead) -> list[str]:
     """The product's check of a summary against the context it summarised: one error per fact it wrote that the
     context did not hold (:attr:`~liveloop.demo.simulator.summaries.SummaryRead.made_up`), each reported as a failed
-    action of the summary's turn.
-
-    Why the product checks: every value is in the product's catalog, which the base learned, so a summary can
-    write a setting the user never noted, and a question about it is then answered from the summary. Decoy
-    questions alone did not make that unprofitable: a 12-minute demo on each of two bases raised made-up summaries
-    (0.62 to 0.68, 0.64 to 0.78) while facts across a boundary rose (docs/agent-learnability.md). At -0.5 an
-    ungrounded fact costs more than a question answered right earns, so recalling a lost fact from the catalog no
-    longer pays: only keeping it does.
+    action of the summary's turn. The product also drops those facts from the context it goes on with
+    (:func:`~liveloop.demo.simulator.summaries.play`), so a made-up fact answers nothing; the report makes it cost a
+    little too (an invalid tool call, -0.05 under the summary demo's reward spec, ``distill/specs/summary-demo.yaml``).
     """
     return [f"wrote {key}, a fact its context did not hold" for key in summary.made_up]
 
