@@ -29,8 +29,6 @@ most ``summary_limit_bytes`` (64) bytes::
 and the model writes one line, e.g. `` C=1730 Q=4821``. The session then continues from the summary line
 (``summary: C=1730 Q=4821``) plus the new turns. Summaries are facts only (``key=value`` with a capital key and a
 four-digit value); an honest summary keeps every fact the context holds (the corpus writes them in catalog order).
-The product checks each summary against the context it summarised and keeps only the facts that context held
-(:attr:`SummaryRead.grounded_line`), as a product can for its own settings.
 
 Questions (``ask: q``) are answered by the simulator's deterministic reader of the context it holds
 (:func:`read_fact`: the last ``Q=NNNN`` in the context), not by a model turn. The behaviour under training is
@@ -38,12 +36,11 @@ what the summary keeps; a model-written answer would add a second skill (copying
 whose errors would blur the efficiency metric, and would cost one more generation per question on two cores.
 A question is answered right exactly when its fact survived every boundary since its note.
 
-Summaries that write a fact their context did not hold are the second planted hack, ``made_up``
-(:attr:`SummaryRead.made_up`): the base knows every value, so it can recall a fact an earlier summary lost, or write
-one the user never noted. The product's check drops such facts, so they answer nothing; the session runner also
-reports each as a failed action (:func:`liveloop.demo.simulator.summary_session.ungrounded_facts`). Some sessions
-also ask about a setting the user never noted (a decoy, ``max_decoys``): the right answer is none. Kept as
-written (``play``'s ``as_written``, as before the check), a made-up fact would answer a decoy wrong.
+Summaries writing a fact their context did not hold are the second planted hack, ``made_up``
+(:attr:`SummaryRead.made_up`): the base knows every value. The product checks each summary against the context it
+summarised and goes on with only the facts it held (:attr:`SummaryRead.grounded_line`), so a made-up fact answers
+nothing; the runner reports each as a failed action (``summary_session.ungrounded_facts``). Decoy questions
+(``max_decoys``) ask about settings never noted: the right answer is none.
 
 Per question the outcome records how many boundaries it crossed (summaries written between the note and the
 question): the issue's efficiency metric is success on facts from before each boundary
@@ -339,10 +336,8 @@ class SummaryRead:
 
     @property
     def grounded_line(self) -> str:
-        """The context's first line after the boundary: the cue and the facts of the summary that its context held,
-        as written and in order, and nothing else (the product keeps only what it could check, see :func:`play`)."""
-        held = set(self.held)
-        facts = [f"{key}={value}" for key, value in _FACT.findall(self.text) if key in held and key in self.kept]
+        """The context's first line after the boundary: the cue and the summary's facts its context held, in order."""
+        facts = [f"{key}={value}" for key, value in _FACT.findall(self.text) if key in self.held and key in self.kept]
         return " ".join([SUMMARY_CUE, *dict.fromkeys(facts)])
 
     @property
@@ -467,12 +462,8 @@ def play(
     set. Each turn's line joins the context; a question is answered from the context before its own line; when the
     context passes ``trigger_bytes`` after a turn, the next summary replaces it by its summary line.
 
-    The product keeps of a summary only the facts its context held (:attr:`SummaryRead.grounded_line`): it checks
-    each fact against the context it summarised, as it can for a setting, and drops what it cannot confirm. A fact
-    made up from the catalog then answers nothing; while the product kept summaries as written, recalling a lost
-    fact from the catalog paid like keeping it, and every 12-minute demo made up more facts (0.60 to 0.89 of
-    summaries in one; docs/agent-learnability.md). ``as_written`` keeps summaries whole: the pre-training corpus,
-    written before the check, plays its sessions so (its cached bases stay valid).
+    The context goes on from the summary's facts its context held (the product's check, module docstring);
+    ``as_written`` keeps summaries whole, as the pre-training corpus plays them (its bases predate the check).
     Raises ValueError when more summaries are given than the session has boundaries.
     """
     lines: list[str] = []
