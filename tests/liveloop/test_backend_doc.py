@@ -146,7 +146,13 @@ def test_the_docs_example_joins_and_feedback_under_another_session_is_dead_lette
     joined = by_generation[documented]
     assert (joined.session_id, joined.reward, joined.finalised_by) == ("checkout-1234", 0.75, "session_end")
     alone = by_generation[stray]
-    assert (alone.session_id, alone.reward, len(alone.source_event_ids)) == (filed_under, 0.0, 1)
+    # No feedback joined it: it earned nothing. The tiny model's text is random, though, and one that ends in a
+    # question pays the deferral guard (-0.1 under the default spec), whatever the join.
+    assert (alone.session_id, alone.reward, len(alone.source_event_ids)) == (
+        filed_under,
+        -0.1 if alone.deferral else 0.0,
+        1,
+    )
 
     harness.wait_until(
         lambda: harness.metric("liveloop_distill_unjoined_feedback_total") >= 1, 60, "the unjoined feedback"
