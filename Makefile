@@ -34,8 +34,12 @@ lint: install
 typecheck: install
 	$(BIN)/mypy
 
+# Two pytest workers: most of the suite waits on services rather than on the CPU. The tests that train a
+# whole loop of their own run one after another on one worker (tests/conftest.py, WHOLE_LOOP).
+TEST_WORKERS ?= 2
+
 pytest: setup
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 
 test: lint typecheck pytest
 

@@ -7,6 +7,7 @@ independent of one another and of the order they run in.
 
 from __future__ import annotations
 
+import os
 import random
 import socket
 import uuid
@@ -31,8 +32,43 @@ def _ephemeral_ports_start() -> int:
 
 
 _BELOW_EPHEMERAL = _ephemeral_ports_start()
+
+
+def _worker_ports() -> range:
+    """This test process's own slice of the ports below the ephemeral range.
+
+    ``make test`` runs pytest-xdist workers (processes that know nothing of each other's ports); each draws
+    from its own slice, so two workers never hand out the same port. A plain ``pytest`` has the whole range.
+    """
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw"))
+    width = (_BELOW_EPHEMERAL - 10_000) // workers
+    return range(10_000 + worker * width, 10_000 + (worker + 1) * width)
+
+
+_OWN_PORTS = _worker_ports()
 _PORTS = random.SystemRandom()  # not the seeded `random`: every test would draw the same ports
 _HANDED_OUT: set[int] = set()
+
+# A test that runs a whole loop of its own (every service, and a learner training on the CPU) and asserts
+# that its training keeps pace: a promotion within a short demo, a checkpoint within its cadence, every
+# sample trained before a deadline. `make test` runs two pytest workers; this group keeps all such tests
+# on one of them, one after another, so that two of them never share the machine's two cores.
+WHOLE_LOOP = pytest.mark.xdist_group("whole-loop")
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Group every other test by its file, and put the whole-loop tests first.
+
+    A file's tests then run on one worker, in their order, as without xdist: a module-scoped fixture (a
+    three-broker cluster, a set of services) starts once. The whole-loop group is the longest stretch of the
+    run, so it starts at once on one worker while the other works through the rest (the sort is stable).
+    """
+    items.sort(key=lambda item: item.get_closest_marker("xdist_group") is None)  # only whole-loop tests have one
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
 
 
 def free_port() -> int:
@@ -43,9 +79,8 @@ def free_port() -> int:
     client connection (to Kafka, say, and held open) could take it, and the service could never start.
     So the port is drawn below that range, and never twice in one test session.
     """
-    below = _BELOW_EPHEMERAL
     for _ in range(1000):
-        port = _PORTS.randrange(10_000, below)
+        port = _PORTS.randrange(_OWN_PORTS.start, _OWN_PORTS.stop)
         if port in _HANDED_OUT:
             continue
         with socket.socket() as sock:
@@ -55,14 +90,14 @@ def free_port() -> int:
                 continue
         _HANDED_OUT.add(port)
         return port
-    raise RuntimeError(f"no free TCP port between 10000 and {below}")
+    raise RuntimeError(f"no free TCP port between {_OWN_PORTS.start} and {_OWN_PORTS.stop}")
 
 
 def free_port_run(count: int) -> int:
     """The first of ``count`` consecutive free TCP ports (as :func:`free_port` draws them), e.g. for a
     multi-broker Kafka whose brokers' ports step from one base."""
     for _ in range(1000):
-        base = _PORTS.randrange(10_000, _BELOW_EPHEMERAL - count)
+        base = _PORTS.randrange(_OWN_PORTS.start, _OWN_PORTS.stop - count)
         run = range(base, base + count)
         if _HANDED_OUT.intersection(run):
             continue
@@ -74,7 +109,7 @@ def free_port_run(count: int) -> int:
             continue
         _HANDED_OUT.update(run)
         return base
-    raise RuntimeError(f"no {count} consecutive free TCP ports between 10000 and {_BELOW_EPHEMERAL}")
+    raise RuntimeError(f"no {count} consecutive free TCP ports between {_OWN_PORTS.start} and {_OWN_PORTS.stop}")
 
 
 def stack_settings(state_dir: Path) -> StackSettings:

@@ -16,7 +16,7 @@ from distill.trajectory import GUARDS
 from infra.processes import wait_until
 from infra.settings import StackSettings
 from infra.stack import Stack
-from tests.conftest import free_port
+from tests.conftest import WHOLE_LOOP, free_port
 
 LIVELOOP = str(Path(sys.executable).with_name("liveloop"))
 
@@ -36,6 +36,7 @@ def _processes_using(path: Path) -> list[str]:
     return found
 
 
+@WHOLE_LOOP
 @pytest.mark.timeout(900)
 def test_up_status_down_leave_nothing_running(tmp_path: Path) -> None:
     state = tmp_path / "state"

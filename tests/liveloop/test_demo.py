@@ -31,7 +31,7 @@ import yaml
 
 from liveloop.demo.report import DemoReport, Promotion
 from liveloop.store import audit_dsn
-from tests.conftest import free_port
+from tests.conftest import WHOLE_LOOP, free_port
 from tests.distill.stream_harness import DEFAULT_SPEC_PATH
 
 # Library chatter that must stay off the demo's console (it goes to <state>/logs/demo.log): MLflow's run
@@ -46,6 +46,7 @@ def _liveloop(args: list[str], env: dict[str, str], timeout: float) -> subproces
     return subprocess.run([LIVELOOP, *args], env=env, capture_output=True, text=True, timeout=timeout, check=False)
 
 
+@WHOLE_LOOP
 @pytest.mark.timeout(1500)
 def test_a_short_demo_trains_evaluates_promotes_and_reports(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     state, report_dir = tmp_path / "state", tmp_path / "report"

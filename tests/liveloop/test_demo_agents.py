@@ -18,13 +18,14 @@ import pytest
 
 from liveloop.demo.report import DemoReport
 from liveloop.demo.scenarios import SCENARIOS
-from tests.conftest import free_port
+from tests.conftest import WHOLE_LOOP, free_port
 from tests.liveloop.test_demo import CHATTER, _liveloop
 
 AGENT_SCENARIOS = [name for name, scenario in SCENARIOS.items() if scenario.report is not None]
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
+@WHOLE_LOOP
 @pytest.mark.timeout(1500)
 @pytest.mark.parametrize("name", AGENT_SCENARIOS)
 def test_a_short_agent_demo_evaluates_a_candidate_and_reports_by_version(name: str, tmp_path: Path) -> None:

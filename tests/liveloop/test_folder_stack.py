@@ -22,7 +22,7 @@ import pytest
 from infra.active import STATE_DIR_ENV, mark_running, marker_path
 from infra.registry import CANDIDATE, CHAMPION, Registry
 from infra.stack import Stack
-from tests.conftest import stack_settings
+from tests.conftest import WHOLE_LOOP, stack_settings
 
 LIVELOOP = str(Path(sys.executable).with_name("liveloop"))
 MODEL = "liveloop-policy"  # serving's default model name, which `status` reads
@@ -64,6 +64,7 @@ def _record_history(dsn: str) -> None:
         )
 
 
+@WHOLE_LOOP
 @pytest.mark.timeout(600)
 def test_every_command_finds_the_folders_running_stack_and_none_mints_keys(tmp_path: Path) -> None:
     folder = tmp_path / "project"

@@ -17,7 +17,7 @@ import pytest
 
 from liveloop.demo.simulator.runner import Simulation
 from liveloop.demo.simulator.settings import SimulatorSettings
-from tests.conftest import free_port
+from tests.conftest import WHOLE_LOOP, free_port
 
 LIVELOOP = str(Path(sys.executable).with_name("liveloop"))
 INTERVAL_S = 60  # the learner's cadence in this test (the profile's is 120 s)
@@ -32,6 +32,7 @@ def _status(env: dict[str, str]) -> dict[str, Any]:
     return result
 
 
+@WHOLE_LOOP
 @pytest.mark.timeout(1500)
 def test_up_with_the_fast_profile_learns_a_checkpoint_within_its_cadence(tmp_path: Path) -> None:
     state = tmp_path / "state"

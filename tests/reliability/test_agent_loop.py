@@ -28,6 +28,7 @@ import pytest
 from distill.samples import HeldOutSettings, parse_sample
 from infra.probes import http_json
 from infra.processes import wait_until
+from tests.conftest import WHOLE_LOOP
 from tests.reliability.faults import FaultInjector
 from tests.reliability.loop import Loop, running_loop
 from tests.topic_reader import read_topic
@@ -173,6 +174,7 @@ def _trained(dsn: str, sample_ids: set[str]) -> set[str]:
         return {row[0] for row in rows.fetchall()}
 
 
+@WHOLE_LOOP
 @pytest.mark.timeout(1200)
 def test_agent_trajectories_through_the_loop_survive_a_distiller_kill(tmp_path: Path) -> None:
     env = {

@@ -27,6 +27,7 @@ from ingest.settings import SdkSettings
 from learner.settings import LearnerSettings
 from liveloop.demo.leak_scan import scan_for_leaks
 from liveloop.demo.simulator.runner import Simulation
+from tests.conftest import WHOLE_LOOP
 from tests.reliability import accounting
 from tests.reliability.faults import FaultInjector, learner_activity
 from tests.reliability.loop import Loop, drained_consumers, running_loop, simulator_settings
@@ -66,6 +67,7 @@ def _component_exits(loop: Loop, per_component: int = 6) -> dict[str, list[str]]
     return exits
 
 
+@WHOLE_LOOP
 @pytest.mark.timeout(3600)
 def test_faults_under_load_lose_nothing(tmp_path: Path, reliability: ReliabilityProfile) -> None:
     seed = random.SystemRandom().randrange(10_000)

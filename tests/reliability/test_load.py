@@ -24,6 +24,7 @@ import pytest
 from infra.errors import ServiceUnavailable
 from infra.lag import consumer_lag
 from infra.processes import wait_until
+from tests.conftest import WHOLE_LOOP
 from tests.reliability.loop import Loop, running_loop
 from tests.reliability.profile import ReliabilityProfile
 from tests.reliability.report import markdown_table, write_section
@@ -91,6 +92,7 @@ def _thirds(series: list[tuple[float, dict[str, int]]], name: str) -> tuple[int,
     return max(values[:third]), max(values[-third:])
 
 
+@WHOLE_LOOP
 @pytest.mark.timeout(3600)
 def test_sustained_ingest_keeps_memory_and_lag_bounded(tmp_path: Path, reliability: ReliabilityProfile) -> None:
     rate, seconds = reliability.load_rate, reliability.load_minutes * 60
