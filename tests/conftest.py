@@ -1,4 +1,5 @@
-"""Test-session fixtures: one real local stack (Kafka, PostgreSQL, MLflow) for the whole session.
+"""Test-session fixtures: one real local stack (Kafka, PostgreSQL, MLflow) for the whole session (one per
+pytest-xdist worker under ``make test``), and how ``make test`` spreads the tests over its workers.
 
 The stack lives in a temporary state folder on free ports, so it never collides with a stack a
 developer runs with ``liveloop up``. Each test makes its own topics and databases, so tests stay
