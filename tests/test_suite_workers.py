@@ -7,6 +7,7 @@ worker (pytest-dev/pytest-xdist#1386), and two whole-loop tests would then train
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from collections import defaultdict
@@ -24,7 +25,19 @@ def _record(request):
         log.write(f"{os.environ['PYTEST_XDIST_WORKER']} {request.node.nodeid.split('@')[0]}\\n")
 """
 
-MAKEFILE_WORKERS = ["-n", "2", "--dist", "loadgroup", "--no-loadscope-reorder"]  # as the Makefile's pytest target
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def makefile_pytest_options() -> list[str]:
+    """The options the Makefile's ``pytest`` target gives pytest, at its default worker count: the test runs
+    what ``make test`` runs, not a copy that could drift from it."""
+    makefile = (ROOT / "Makefile").read_text()
+    workers = re.search(r"^TEST_WORKERS \?= (\d+)$", makefile, re.MULTILINE)
+    command = re.search(r"^pytest: .*\n\t\$\(BIN\)/python -m pytest (.*)$", makefile, re.MULTILINE)
+    assert workers, "the Makefile's TEST_WORKERS default moved"
+    assert command, "the Makefile's pytest target moved"
+    return command.group(1).replace("$(TEST_WORKERS)", workers.group(1)).split()
+
 
 # Eight files of one whole-loop test and five quick ones each.
 TEST_FILE = """
@@ -45,11 +58,10 @@ def test_whole_loop_tests_run_first_on_one_worker_and_each_file_on_one_worker(tm
     for name in "abcdefgh":
         (suite / f"test_{name}.py").write_text(TEST_FILE)
     ran = tmp_path / "ran.log"
-    root = Path(__file__).resolve().parents[1]
     run = subprocess.run(
-        [sys.executable, "-m", "pytest", *MAKEFILE_WORKERS, "-p", "no:cacheprovider"],
+        [sys.executable, "-m", "pytest", *makefile_pytest_options(), "-p", "no:cacheprovider"],
         cwd=suite,
-        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": f"{root}:{suite}", "RAN_LOG": str(ran)},
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": f"{ROOT}:{suite}", "RAN_LOG": str(ran)},
         capture_output=True,
         text=True,
         timeout=300,
