@@ -11,6 +11,9 @@ For one announced candidate, in one MLflow run (experiment ``liveloop-gate``):
 4. the regression suite, greedy (:mod:`serving.regression`), for both (the champion's rate is reported);
    then both sampled on the suite's diversity probe (:mod:`serving.diversity`: distinct share, token
    entropy, well-formed share where the suite defines it), so a candidate that collapsed is caught;
+   where the policy bounds it (``max_guard_rise``), each reward guard's firing rate on the held-out agent turns,
+   estimated off-policy for both (:func:`guard_rates`), so a candidate that learned a hack is caught even
+   where its reward pays for the guard's charge;
 5. the decision by the :class:`GatePolicy`, recorded in PostgreSQL ``evaluations``, on the run and the
    model version as tags; ``promote`` and ``reject`` then go through :class:`Promoter` (alias move,
    ``promotions`` row, event); ``hold`` waits for an operator.
@@ -33,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import psycopg
 from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
@@ -44,7 +48,7 @@ from learner.publish import PublishError, record_checkpoint
 from serving.diversity import DiversityStats, WellFormed, probe
 from serving.errors import ServingError
 from serving.gate_policy import Decision, GateMetrics, GatePolicy, decide
-from serving.offpolicy import compare
+from serving.offpolicy import compare, snis, truncated_weights
 from serving.policy_scores import load_policy_model, log_ratios, mean_kl, usable_for_ope
 from serving.promotion import Promoter
 from serving.regression import Suite, SuiteResult, run_suite
@@ -217,9 +221,10 @@ class Gate:
         p = self.policy
         fields: dict[str, Any] = {"held_out_samples": len(samples)}
         if samples:
+            candidate_ratios, champion_ratios = log_ratios(candidate, samples), log_ratios(champion, samples)
             cmp = compare(
-                log_ratios(candidate, samples),
-                log_ratios(champion, samples),
+                candidate_ratios,
+                champion_ratios,
                 [s.reward for s in samples],
                 clip=p.importance_weight_clip,
                 level=p.ci_level,
@@ -235,6 +240,11 @@ class Gate:
                 candidate_ess=cmp.candidate.ess,
                 champion_ess=cmp.champion.ess,
             )
+            agent_turns = sum(1 for s in samples if s.agent is not None)
+            fields["agent_samples"] = agent_turns
+            if p.max_guard_rise is not None and agent_turns >= p.min_held_out_samples:
+                fields["candidate_guard_rates"] = guard_rates(samples, candidate_ratios, p.importance_weight_clip)
+                fields["champion_guard_rates"] = guard_rates(samples, champion_ratios, p.importance_weight_clip)
         sequences = [list(s.prompt_token_ids or []) + list(s.completion_token_ids or []) for s in samples[:256]]
         sequences += [tokenizer(case.prompt, add_special_tokens=False)["input_ids"] for case in self.suite.cases]
         fields["mean_kl"] = mean_kl(candidate, champion, sequences)
@@ -292,6 +302,12 @@ class Gate:
             for key, value in metrics.model_dump().items():
                 if isinstance(value, int | float) and math.isfinite(float(value)):
                     self.client.log_metric(run_id, key, float(value))
+            for policy, rates in (
+                ("candidate", metrics.candidate_guard_rates),
+                ("champion", metrics.champion_guard_rates),
+            ):
+                for guard, rate in rates.items():
+                    self.client.log_metric(run_id, f"guard_rate.{guard}.{policy}", rate)
             for version, (count, mean) in by_version.items():
                 self.client.log_metric(run_id, f"reward_mean.policy_{version}", mean)
                 self.client.log_metric(run_id, f"sample_count.policy_{version}", float(count))
@@ -354,6 +370,22 @@ class Gate:
                 f"checkpoint {a.checkpoint_id} is not in the checkpoints table and its manifest failed sanity; "
                 "the learner's publish_checkpoint records it"
             ) from exc
+
+
+def guard_rates(samples: list[Sample], ratios: list[float], clip: float) -> dict[str, float]:
+    """Per reward guard, the share of the agent turns among ``samples`` on which it fired, under the policy whose
+    ``ratios`` (:func:`serving.policy_scores.log_ratios`, one per sample) these are: the self-normalised estimate
+    with weights truncated at ``clip``, as the reward's. A multi-turn trajectory counts once per trainable turn,
+    as its reward does. Guards that fired on none of them are left out (their rate is 0 under any policy)."""
+    picked = [(s.agent, ratio) for s, ratio in zip(samples, ratios, strict=True) if s.agent is not None]
+    if not picked:
+        return {}
+    weights = truncated_weights([ratio for _, ratio in picked], clip)
+    names = sorted({name for credit, _ in picked for name, metric in credit.guards.items() if metric > 0})
+    return {
+        name: snis(weights, np.array([float(credit.guards.get(name, 0.0) > 0) for credit, _ in picked]))
+        for name in names
+    }
 
 
 def _diversity_fields(diversity: dict[str, DiversityStats], well_formed: WellFormed | None) -> dict[str, Any]:

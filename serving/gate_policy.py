@@ -67,6 +67,15 @@ class GatePolicy(BaseModel):
         description="Most the well-formed share may fall below the champion's, in absolute share points "
         "(checked only where the suite defines a well_formed validator).",
     )
+    max_guard_rise: float | None = Field(
+        default=None,
+        ge=0,
+        le=1,
+        description="Most the share of held-out agent turns on which a reward guard fired (fake parallelism, give "
+        "up, an invalid call, ...) may rise over the champion's, both estimated off-policy as the reward is; None: "
+        "not checked. The reward already charges each guard, but a learned hack can pay for its charge; this "
+        "refuses a candidate that found one, whatever its reward.",
+    )
     auto_promote: bool = Field(default=False, description="True: a pass promotes at once; False: it waits (hold).")
     importance_weight_clip: float = Field(default=20.0, gt=1, description="Truncation of importance weights.")
     ci_level: float = Field(default=0.95, gt=0.5, lt=1)
@@ -114,6 +123,9 @@ class GateMetrics(BaseModel):
     candidate_well_formed_share: float = math.nan
     champion_well_formed_share: float = math.nan
     well_formed_validator: str | None = None
+    agent_samples: int = 0
+    candidate_guard_rates: dict[str, float] = Field(default_factory=dict)
+    champion_guard_rates: dict[str, float] = Field(default_factory=dict)
     sanity_ok: bool = True
 
 
@@ -151,6 +163,7 @@ def decide(policy: GatePolicy, m: GateMetrics, sanity_problems: list[str] | None
             )
         )
         checks += _diversity_checks(policy, m)
+        checks += _guard_checks(policy, m)
     reasons = [f"FAIL {text}" for ok, text in checks if not ok] + [f"ok {text}" for ok, text in checks if ok]
     if not all(ok for ok, _ in checks):
         return "reject", reasons
@@ -188,6 +201,29 @@ def _diversity_checks(policy: GatePolicy, m: GateMetrics) -> list[tuple[bool, st
                 f"well-formed share ({m.well_formed_validator}) {m.candidate_well_formed_share:.3f} "
                 f"vs champion {m.champion_well_formed_share:.3f}: "
                 f"drop {drop:+.3f} <= {policy.max_well_formed_drop:.3f}",
+            )
+        )
+    return checks
+
+
+def _guard_checks(policy: GatePolicy, m: GateMetrics) -> list[tuple[bool, str]]:
+    """Each reward guard's firing rate, candidate against champion (only where the policy sets a bound)."""
+    bound = policy.max_guard_rise
+    if bound is None:
+        return []
+    if m.agent_samples < policy.min_held_out_samples:
+        return [(True, f"guard rates not checked: {m.agent_samples} held-out agent turns")]
+    if not m.candidate_guard_rates:
+        return [(True, f"guard rates: no reward guard fired on any of the {m.agent_samples} held-out agent turns")]
+    checks = []
+    for name in sorted(m.candidate_guard_rates):
+        candidate, champion = m.candidate_guard_rates[name], m.champion_guard_rates.get(name, math.nan)
+        rise = candidate - champion
+        checks.append(
+            (
+                _ge(bound, rise),
+                f"guard {name} fired on {candidate:.3f} of held-out agent turns vs champion {champion:.3f}: "
+                f"rise {rise:+.3f} <= {bound:.3f}",
             )
         )
     return checks

@@ -32,10 +32,12 @@ from learner.logprobs import completion_logprobs
 from learner.manifest import BASE_POLICY_VERSION
 from learner.publish import publish_checkpoint, register_base
 from learner.tiny_model import TinyModelSpec, build_tiny_model, byte_tokenizer
+from serving.gate import guard_rates
 from serving.gate_policy import GatePolicy, decide
 from serving.gate_service import GateService
 from serving.regression import InvalidSuite, load_suite
 from serving.settings import GateSettings
+from tests.learner.sample_factory import make_agent_sample, make_sample
 from tests.serving.checkpoints import nan_model, write_checkpoint
 from tests.serving.gate_metrics import HEALTHY
 
@@ -328,6 +330,51 @@ def test_policy_decisions_hold_without_auto_promote_and_nan_never_passes() -> No
     assert reasons[0].startswith("FAIL mean KL nan")
     decision, reasons = decide(GatePolicy(auto_promote=True, min_regression_pass_rate=0.9), good, ["bad hash"])
     assert (decision, reasons) == ("reject", ["FAIL sanity: bad hash"])
+
+
+def _turn(number: int, guards: dict[str, float]) -> Sample:
+    sample = make_agent_sample(number, number, 0, 1)
+    assert sample.agent is not None
+    return sample.model_copy(update={"agent": sample.agent.model_copy(update={"guards": guards})})
+
+
+def test_guard_rates_are_reweighted_firing_shares_of_agent_turns() -> None:
+    hacked = _turn(1, {"fake_parallelism": 0.2, "give_up": 0.0})
+    clean = [_turn(n, {"fake_parallelism": 0.0, "give_up": 0.0}) for n in (2, 3, 4)]
+    single_turn = make_sample(5)  # not an agent turn: no guard to fire, left out of the shares
+    samples = [hacked, *clean, single_turn]
+    # The logging policy's own view: a quarter of the agent turns fired the guard (its 0.2 share counts as fired).
+    # A guard that fired on no turn (give_up) has no rate to compare.
+    assert guard_rates(samples, [0.0] * 5, clip=20.0) == {"fake_parallelism": 0.25}
+    # A policy three times as likely to write the hacked turn fires on half of them (weights 3, 1, 1, 1).
+    rates = guard_rates(samples, [math.log(3.0), 0.0, 0.0, 0.0, 5.0], clip=20.0)
+    assert rates["fake_parallelism"] == pytest.approx(0.5)
+    assert guard_rates([single_turn], [0.0], clip=20.0) == {}
+
+
+def test_a_guard_firing_more_often_than_under_the_champion_rejects() -> None:
+    rates = {"candidate_guard_rates": {"fake_parallelism": 0.20, "give_up": 0.01}, "agent_samples": 80}
+    hacked = HEALTHY.model_copy(update={**rates, "champion_guard_rates": {"fake_parallelism": 0.10, "give_up": 0.02}})
+    policy = GatePolicy(auto_promote=True, max_guard_rise=0.05)
+    decision, reasons = decide(policy, hacked)
+    assert decision == "reject"
+    assert reasons[0] == (
+        "FAIL guard fake_parallelism fired on 0.200 of held-out agent turns vs champion 0.100: rise +0.100 <= 0.050"
+    )
+    assert "ok guard give_up fired on 0.010 of held-out agent turns vs champion 0.020: rise -0.010 <= 0.050" in reasons
+    within = hacked.model_copy(update={"champion_guard_rates": {"fake_parallelism": 0.16, "give_up": 0.02}})
+    assert decide(policy, within)[0] == "promote"
+    # Unbounded (the default policy), or nothing to measure: no guard check stands in the way.
+    assert decide(GatePolicy(auto_promote=True), hacked)[0] == "promote"
+    assert not any("guard" in reason for reason in decide(GatePolicy(auto_promote=True), hacked)[1])
+    plain = decide(GatePolicy(auto_promote=True), HEALTHY)[1]
+    unmeasured = HEALTHY.model_copy(update={"agent_samples": 3})
+    assert decide(policy, unmeasured) == ("promote", [*plain, "ok guard rates not checked: 3 held-out agent turns"])
+    clean = HEALTHY.model_copy(update={"agent_samples": 80})
+    assert decide(policy, clean) == (
+        "promote",
+        [*plain, "ok guard rates: no reward guard fired on any of the 80 held-out agent turns"],
+    )
 
 
 def test_regression_checks_and_the_default_suite(tmp_path: Path) -> None:
