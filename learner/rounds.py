@@ -165,6 +165,7 @@ def plan_round(
     *,
     shaping: ShapingSchedule,
     first_step: int,
+    weighting: Literal["token", "unit"] = "token",
 ) -> list[StepBatch]:
     """The round's optimizer steps: ``samples`` (admitted, in (partition, offset) order) packed by tokens,
     whole trajectories per batch (:func:`learner.intake.pack_batches`); batch ``i`` trains at optimiser step
@@ -177,6 +178,10 @@ def plan_round(
     weighs in the mean and std once, as one rollout. Every sample of a unit trains with its unit's advantage.
     The baseline is updated once per unit, in place. A frozen agent's sample (intake drops them) is left out
     here too: it must never train, nor move the statistics of those that do.
+
+    ``weighting`` (``LearnerSettings.loss_weighting``): with ``"unit"`` each unit's advantage is scaled by the
+    batch's mean policy tokens per unit over its own (:func:`unit_weights`), so that in the step's token-mean
+    loss every unit weighs the same, a 20-token answer as much as a 280-token one.
     """
     trainable = [sample for sample in samples if sample.agent is None or not sample.agent.frozen]
     steps: list[StepBatch] = []
@@ -187,6 +192,8 @@ def plan_round(
         raw = baseline.advantages(rewards, buckets)
         baseline.update(rewards, buckets)
         normalised = normalise_advantages(torch.tensor(raw, dtype=torch.float64)).tolist()
+        if weighting == "unit":
+            normalised = [a * w for a, w in zip(normalised, unit_weights(units), strict=True)]
         ordered = [sample for unit in units for sample in unit]
         advantages = [float(a) for unit, a in zip(units, normalised, strict=True) for _ in unit]
         steps.append(
@@ -199,3 +206,15 @@ def plan_round(
             )
         )
     return steps
+
+
+def unit_weights(units: Sequence[Sequence[Sample]]) -> list[float]:
+    """Per unit, the mean policy tokens (loss mask ones) of the units that have any, over its own: a unit's
+    tokens then carry as much of a token-mean loss as any other's. A unit with no policy token gets 0 (it
+    trains nothing either way)."""
+    tokens = [sum(sum(sample.loss_mask or ()) for sample in unit) for unit in units]
+    counted = [n for n in tokens if n > 0]
+    if not counted:
+        return [0.0] * len(units)
+    mean = sum(counted) / len(counted)
+    return [mean / n if n > 0 else 0.0 for n in tokens]

@@ -327,6 +327,7 @@ class Learner:
             self.settings.token_budget,
             shaping=self.settings.shaping(),
             first_step=self.step,
+            weighting=self.settings.loss_weighting,
         )
         self.cycle.add_ranges(ranges)
         for sample in accepted:

@@ -92,6 +92,14 @@ class LearnerSettings(LiveloopSettings):
         "checkpoint); 0 = off.",
     )
     baseline_decay: float = Field(default=0.9, ge=0, lt=1, description="Decay of the per-bucket reward EMA.")
+    # With "token", every policy token of a step weighs the same, so a long answer outvotes a short one: an agent's
+    # decision is one token of a 20-token answer and of a 280-token one alike, and the long answer's boilerplate
+    # takes most of the step (docs/swarm-learnability.md).
+    loss_weighting: Literal["token", "unit"] = Field(
+        default="token",
+        description="How the samples of an optimiser step weigh in its loss: every policy token the same "
+        "('token'), or every unit the same whatever its length ('unit': a trajectory, or a single-turn sample).",
+    )
 
     # -- agent trajectories (learner.shaping, learner.trajectories) --------------------------------
     # PARL's shaping terms get an orchestrator to spawn sub-agents (and have them finish) early on; annealed
@@ -206,4 +214,9 @@ class LearnerSettings(LiveloopSettings):
             "seed",
             "world_size",
         )
-        return {key: getattr(self, key) for key in keys}
+        config = {key: getattr(self, key) for key in keys}
+        # A later setting is hashed only away from its default, so that the checkpoints written before it
+        # existed keep their hash (and a learner resumes from them).
+        if self.loss_weighting != "token":
+            config["loss_weighting"] = self.loss_weighting
+        return config

@@ -16,9 +16,10 @@ from learner.rounds import (
     RoundJournal,
     plan_round,
     round_ranges,
+    unit_weights,
 )
 from learner.shaping import ShapingSchedule
-from tests.learner.sample_factory import make_sample
+from tests.learner.sample_factory import make_agent_sample, make_sample
 
 NO_SHAPING = ShapingSchedule(lambda_parallel=0.0, lambda_finish=0.0, anneal_steps=0)
 
@@ -113,3 +114,21 @@ def test_plan_round_packs_by_tokens_and_takes_advantages_before_each_batch_updat
     assert baseline.value("task:edit") == pytest.approx(0.5 * -0.25 + 0.5 * 0.25)
     assert steps[0].prompt_ids == [[10, 11, 12], [10, 11, 12]]
     assert steps[0].loss_mask == [[1, 1], [1, 1]]
+
+
+def test_unit_weighting_gives_every_unit_the_same_share_of_the_step_loss() -> None:
+    short = make_sample(1, reward=1.0, completion_token_ids=[20, 21])
+    long = make_sample(2, reward=0.0, completion_token_ids=list(range(20, 28)))
+    by_token = plan_round([short, long], EmaBaseline(), 100, shaping=NO_SHAPING, first_step=0)[0]
+    by_unit = plan_round([short, long], EmaBaseline(), 100, shaping=NO_SHAPING, first_step=0, weighting="unit")[0]
+    assert by_token.advantages == pytest.approx([1.0, -1.0], abs=1e-5)
+    # Mean policy tokens 5: the short answer's advantage is scaled by 5/2, the long one's by 5/8, so that each
+    # answer's advantage summed over its tokens is the same size (the token-mean loss weighs them alike).
+    assert by_unit.advantages == pytest.approx([2.5, -0.625], abs=1e-5)
+    sums = [a * sum(mask) for a, mask in zip(by_unit.advantages, by_unit.loss_mask, strict=True)]
+    assert sums == pytest.approx([5.0, -5.0], abs=1e-4)
+    # A trajectory is one unit: its turns' tokens count together, and every turn takes the unit's weight.
+    turns = [make_agent_sample(n, 7, n, 2, completion_token_ids=[20, 21]) for n in (3, 4)]
+    silent = make_sample(5, loss_mask=[0, 0])  # no policy token: it trains nothing, and moves no one's weight
+    assert unit_weights([turns, [long], [silent]]) == [1.5, 0.75, 0.0]
+    assert unit_weights([[silent]]) == [0.0]
