@@ -12,8 +12,10 @@ For one announced candidate, in one MLflow run (experiment ``liveloop-gate``):
    then both sampled on the suite's diversity probe (:mod:`serving.diversity`: distinct share, token
    entropy, well-formed share where the suite defines it), so a candidate that collapsed is caught;
    where the policy bounds it (``max_guard_rise``), each reward guard's firing rate on the held-out agent turns,
-   estimated off-policy for both (:func:`guard_rates`), so a candidate that learned a hack is caught even
-   where its reward pays for the guard's charge;
+   estimated off-policy (:func:`guard_rates`) for the candidate and for the base (policy version 1), so a
+   candidate that learned a hack is caught even where its reward pays for the guard's charge. Against the
+   base, not the champion: a hack learned a little per cycle rises by less than any bound between two
+   neighbours, and by all of it from the base;
 5. the decision by the :class:`GatePolicy`, recorded in PostgreSQL ``evaluations``, on the run and the
    model version as tags; ``promote`` and ``reject`` then go through :class:`Promoter` (alias move,
    ``promotions`` row, event); ``hold`` waits for an operator.
@@ -43,7 +45,7 @@ from mlflow.exceptions import MlflowException
 
 from distill.samples import HeldOutRule, Sample, parse_sample
 from infra.registry import CHAMPION, AliasNotSet, Registry, RegistryError
-from learner.manifest import CheckpointAnnouncement, CheckpointManifest
+from learner.manifest import BASE_POLICY_VERSION, CheckpointAnnouncement, CheckpointManifest
 from learner.publish import PublishError, record_checkpoint
 from serving.diversity import DiversityStats, WellFormed, probe
 from serving.errors import ServingError
@@ -191,7 +193,14 @@ class Gate:
         if problems:
             metrics = GateMetrics(held_out_samples=0, sanity_ok=False)
         else:
-            metrics, suite_result, diversity = self._measure(candidate_dir, champion_dir)
+            base_dir = None
+            if self.policy.max_guard_rise is not None:
+                base_dir = (
+                    champion_dir
+                    if champion_version == BASE_POLICY_VERSION
+                    else self._download(a.model_name, BASE_POLICY_VERSION, scratch / "base")
+                )
+            metrics, suite_result, diversity = self._measure(candidate_dir, champion_dir, base_dir)
         decision, reasons = decide(self.policy, metrics, problems)
         evaluation_id = uuid.uuid4()
         run_id = self._log_run(a, champion_version, metrics, decision, reasons, suite_result, by_version, diversity)
@@ -213,7 +222,7 @@ class Gate:
             raise GateError(f"cannot fetch {name} v{version} for evaluation: {exc}") from exc
 
     def _measure(
-        self, candidate_dir: Path, champion_dir: Path
+        self, candidate_dir: Path, champion_dir: Path, base_dir: Path | None = None
     ) -> tuple[GateMetrics, SuiteResult, dict[str, DiversityStats]]:
         candidate, tokenizer = load_policy_model(candidate_dir)
         champion, champion_tokenizer = load_policy_model(champion_dir)
@@ -242,9 +251,13 @@ class Gate:
             )
             agent_turns = sum(1 for s in samples if s.agent is not None)
             fields["agent_samples"] = agent_turns
-            if p.max_guard_rise is not None and agent_turns >= p.min_held_out_samples:
+            if base_dir is not None and agent_turns >= p.min_held_out_samples:
+                # The base is the champion at the first evaluation; otherwise one more model, read once a cycle.
+                base_ratios = (
+                    champion_ratios if base_dir == champion_dir else log_ratios(load_policy_model(base_dir)[0], samples)
+                )
                 fields["candidate_guard_rates"] = guard_rates(samples, candidate_ratios, p.importance_weight_clip)
-                fields["champion_guard_rates"] = guard_rates(samples, champion_ratios, p.importance_weight_clip)
+                fields["base_guard_rates"] = guard_rates(samples, base_ratios, p.importance_weight_clip)
         sequences = [list(s.prompt_token_ids or []) + list(s.completion_token_ids or []) for s in samples[:256]]
         sequences += [tokenizer(case.prompt, add_special_tokens=False)["input_ids"] for case in self.suite.cases]
         fields["mean_kl"] = mean_kl(candidate, champion, sequences)
@@ -304,7 +317,7 @@ class Gate:
                     self.client.log_metric(run_id, key, float(value))
             for policy, rates in (
                 ("candidate", metrics.candidate_guard_rates),
-                ("champion", metrics.champion_guard_rates),
+                ("base", metrics.base_guard_rates),
             ):
                 for guard, rate in rates.items():
                     self.client.log_metric(run_id, f"guard_rate.{guard}.{policy}", rate)

@@ -72,9 +72,9 @@ class GatePolicy(BaseModel):
         ge=0,
         le=1,
         description="Most the share of held-out agent turns on which a reward guard fired (fake parallelism, give "
-        "up, an invalid call, ...) may rise over the champion's, both estimated off-policy as the reward is; None: "
-        "not checked. The reward already charges each guard, but a learned hack can pay for its charge; this "
-        "refuses a candidate that found one, whatever its reward.",
+        "up, an invalid call, ...) may rise over the base's (policy version 1), both estimated off-policy as the "
+        "reward is; None: not checked. The reward already charges each guard, but a learned hack can pay for its "
+        "charge; this refuses a candidate that found one, whatever its reward.",
     )
     auto_promote: bool = Field(default=False, description="True: a pass promotes at once; False: it waits (hold).")
     importance_weight_clip: float = Field(default=20.0, gt=1, description="Truncation of importance weights.")
@@ -125,7 +125,7 @@ class GateMetrics(BaseModel):
     well_formed_validator: str | None = None
     agent_samples: int = 0
     candidate_guard_rates: dict[str, float] = Field(default_factory=dict)
-    champion_guard_rates: dict[str, float] = Field(default_factory=dict)
+    base_guard_rates: dict[str, float] = Field(default_factory=dict)
     sanity_ok: bool = True
 
 
@@ -207,7 +207,7 @@ def _diversity_checks(policy: GatePolicy, m: GateMetrics) -> list[tuple[bool, st
 
 
 def _guard_checks(policy: GatePolicy, m: GateMetrics) -> list[tuple[bool, str]]:
-    """Each reward guard's firing rate, candidate against champion (only where the policy sets a bound)."""
+    """Each reward guard's firing rate, candidate against the base (only where the policy sets a bound)."""
     bound = policy.max_guard_rise
     if bound is None:
         return []
@@ -217,12 +217,12 @@ def _guard_checks(policy: GatePolicy, m: GateMetrics) -> list[tuple[bool, str]]:
         return [(True, f"guard rates: no reward guard fired on any of the {m.agent_samples} held-out agent turns")]
     checks = []
     for name in sorted(m.candidate_guard_rates):
-        candidate, champion = m.candidate_guard_rates[name], m.champion_guard_rates.get(name, math.nan)
-        rise = candidate - champion
+        candidate, base = m.candidate_guard_rates[name], m.base_guard_rates.get(name, math.nan)
+        rise = candidate - base
         checks.append(
             (
                 _ge(bound, rise),
-                f"guard {name} fired on {candidate:.3f} of held-out agent turns vs champion {champion:.3f}: "
+                f"guard {name} fired on {candidate:.3f} of held-out agent turns vs base {base:.3f}: "
                 f"rise {rise:+.3f} <= {bound:.3f}",
             )
         )

@@ -166,7 +166,7 @@ AGENT_LEARNER: Mapping[str, str] = {
 # deterministically but differently per task scores 0.5, one that writes the same answer whatever the task
 # (collapse) scores near 0. The floor sits between; the well-formed share (the suite's regex of the task's
 # answer syntax) and the entropy ratio are the other guards.
-# Each reward guard's firing rate may rise by at most 0.05 over the champion's: in 12-minute swarm runs under a
+# Each reward guard's firing rate may rise by at most 0.05 over the base's: in 12-minute swarm runs under a
 # lighter guard the loop learned to spawn idle sub-agents along with busy ones, the reward paying for the charge
 # (docs/swarm-learnability.md), and the demo must not promote a policy that games its reward.
 AGENT_GATE_POLICY = FAST.gate_policy.model_copy(

@@ -354,15 +354,15 @@ def test_guard_rates_are_reweighted_firing_shares_of_agent_turns() -> None:
 
 def test_a_guard_firing_more_often_than_under_the_champion_rejects() -> None:
     rates = {"candidate_guard_rates": {"fake_parallelism": 0.20, "give_up": 0.01}, "agent_samples": 80}
-    hacked = HEALTHY.model_copy(update={**rates, "champion_guard_rates": {"fake_parallelism": 0.10, "give_up": 0.02}})
+    hacked = HEALTHY.model_copy(update={**rates, "base_guard_rates": {"fake_parallelism": 0.10, "give_up": 0.02}})
     policy = GatePolicy(auto_promote=True, max_guard_rise=0.05)
     decision, reasons = decide(policy, hacked)
     assert decision == "reject"
     assert reasons[0] == (
-        "FAIL guard fake_parallelism fired on 0.200 of held-out agent turns vs champion 0.100: rise +0.100 <= 0.050"
+        "FAIL guard fake_parallelism fired on 0.200 of held-out agent turns vs base 0.100: rise +0.100 <= 0.050"
     )
-    assert "ok guard give_up fired on 0.010 of held-out agent turns vs champion 0.020: rise -0.010 <= 0.050" in reasons
-    within = hacked.model_copy(update={"champion_guard_rates": {"fake_parallelism": 0.16, "give_up": 0.02}})
+    assert "ok guard give_up fired on 0.010 of held-out agent turns vs base 0.020: rise -0.010 <= 0.050" in reasons
+    within = hacked.model_copy(update={"base_guard_rates": {"fake_parallelism": 0.16, "give_up": 0.02}})
     assert decide(policy, within)[0] == "promote"
     # Unbounded (the default policy), or nothing to measure: no guard check stands in the way.
     assert decide(GatePolicy(auto_promote=True), hacked)[0] == "promote"
