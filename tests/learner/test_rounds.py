@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from learner.baseline import EmaBaseline
 from learner.manifest import OffsetRange
@@ -18,6 +19,7 @@ from learner.rounds import (
     round_ranges,
     unit_weights,
 )
+from learner.settings import LearnerSettings
 from learner.shaping import ShapingSchedule
 from tests.learner.sample_factory import make_agent_sample, make_sample
 
@@ -132,3 +134,11 @@ def test_unit_weighting_gives_every_unit_the_same_share_of_the_step_loss() -> No
     silent = make_sample(5, loss_mask=[0, 0])  # no policy token: it trains nothing, and moves no one's weight
     assert unit_weights([turns, [long], [silent]]) == [1.5, 0.75, 0.0]
     assert unit_weights([[silent]]) == [0.0]
+
+
+def test_unit_weighting_is_hashed_into_the_training_config_only_away_from_its_default() -> None:
+    # Checkpoints written before the setting existed keep their hash: 'token' adds nothing to the config.
+    assert "loss_weighting" not in LearnerSettings().training_config()
+    assert LearnerSettings.model_validate({"loss_weighting": "unit"}).training_config()["loss_weighting"] == "unit"
+    with pytest.raises(ValidationError):
+        LearnerSettings.model_validate({"loss_weighting": "sequence"})
