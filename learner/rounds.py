@@ -32,6 +32,7 @@ from learner.engine import StepBatch
 from learner.intake import pack_batches, training_units
 from learner.loss import normalise_advantages
 from learner.manifest import OffsetRange
+from learner.settings import LossWeighting
 from learner.shaping import ShapingSchedule
 
 JOURNAL_FILE = "rounds.jsonl"
@@ -165,7 +166,7 @@ def plan_round(
     *,
     shaping: ShapingSchedule,
     first_step: int,
-    weighting: Literal["token", "unit"] = "token",
+    weighting: LossWeighting = "token",
 ) -> list[StepBatch]:
     """The round's optimizer steps: ``samples`` (admitted, in (partition, offset) order) packed by tokens,
     whole trajectories per batch (:func:`learner.intake.pack_batches`); batch ``i`` trains at optimiser step

@@ -16,6 +16,9 @@ from pydantic_settings import SettingsConfigDict
 from infra.settings import KAFKA_BOOTSTRAP_DEFAULT, KafkaBootstrap, LiveloopSettings, MlflowUrl, PostgresDsn, TopicName
 from learner.shaping import ANNEAL_STEPS_MAX, LAMBDA_MAX, ShapingSchedule
 
+LossWeighting = Literal["token", "unit"]
+"""How the samples of an optimiser step weigh in its loss (:attr:`LearnerSettings.loss_weighting`)."""
+
 PausePoint = Literal["none", "mid_round", "mid_checkpoint", "mid_rebase"]
 """Where a test can freeze the learner to SIGKILL it (see :attr:`LearnerSettings.pause_at`)."""
 
@@ -95,7 +98,7 @@ class LearnerSettings(LiveloopSettings):
     # With "token", every policy token of a step weighs the same, so a long answer outvotes a short one: an agent's
     # decision is one token of a 20-token answer and of a 280-token one alike, and the long answer's boilerplate
     # takes most of the step (docs/swarm-learnability.md).
-    loss_weighting: Literal["token", "unit"] = Field(
+    loss_weighting: LossWeighting = Field(
         default="token",
         description="How the samples of an optimiser step weigh in its loss: every policy token the same "
         "('token'), or every unit the same whatever its length ('unit': a trajectory, or a single-turn sample).",

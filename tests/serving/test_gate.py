@@ -352,7 +352,7 @@ def test_guard_rates_are_reweighted_firing_shares_of_agent_turns() -> None:
     assert guard_rates([single_turn], [0.0], clip=20.0) == {}
 
 
-def test_a_guard_firing_more_often_than_under_the_champion_rejects() -> None:
+def test_a_guard_firing_more_often_than_under_the_base_rejects() -> None:
     rates = {"candidate_guard_rates": {"fake_parallelism": 0.20, "give_up": 0.01}, "agent_samples": 80}
     hacked = HEALTHY.model_copy(update={**rates, "base_guard_rates": {"fake_parallelism": 0.10, "give_up": 0.02}})
     policy = GatePolicy(auto_promote=True, max_guard_rise=0.05)
