@@ -12,6 +12,11 @@ Request headers, and the defaults when one is missing:
 - ``X-Liveloop-Tenant``: default ``ServingSettings.default_tenant`` (``default``).
 - ``X-Liveloop-Surface``: where the output is shown, e.g. ``ide.tab``. Default
   ``ServingSettings.default_surface`` (``api``).
+- ``X-Liveloop-Task-Kind``: the product's own name for the kind of task, e.g. ``edit`` or ``lookup.batch``.
+  Default ``completion`` (``/v1/completions``) or ``chat`` (``/v1/chat/completions``). The learner keeps a reward
+  baseline per task kind (:mod:`learner.baseline`), so kinds whose rewards differ by nature (a one-item lookup
+  against a batch of five) each have their advantage taken against their own mean; off an agent surface, only
+  ``edit`` and ``completion`` count a bare question as a deferral (:data:`distill.reward.WORK_TASK_KINDS`).
 - ``X-Liveloop-Privacy-Mode: true``: the event is marked privacy mode; the SDK drops it unsent.
 
 A header that the event contract would refuse (control characters, too long, a bad tenant name) is
@@ -41,7 +46,8 @@ log = logging.getLogger(__name__)
 
 _ID = re.compile(r"^[^\x00-\x1F\x7F]+$")
 _TENANT = re.compile(TENANT_PATTERN)
-_SURFACE = re.compile(r"^[a-z][a-z0-9_.-]{0,63}$")
+_NAME = re.compile(r"^[a-z][a-z0-9_.-]{0,63}$")
+"""A surface's or a task kind's form, the event contract's ``Identifier``."""
 
 
 class EventSink(Protocol):
@@ -59,6 +65,8 @@ class RequestContext:
     tenant: str
     surface: str
     privacy_mode: bool
+    task_kind: str | None = None
+    """The ``X-Liveloop-Task-Kind`` header; None: the endpoint's own kind."""
 
     @classmethod
     def from_headers(cls, headers: Any, body_user: str | None, settings: ServingSettings) -> RequestContext:
@@ -73,10 +81,16 @@ class RequestContext:
         _check_id("X-Liveloop-User" if named_user else "user", user)
         if not _TENANT.match(tenant):
             raise InvalidRequest(f"X-Liveloop-Tenant {tenant[:80]!r} must match {TENANT_PATTERN}")
-        if not _SURFACE.match(surface):
+        if not _NAME.match(surface):
             raise InvalidRequest(f"X-Liveloop-Surface {surface[:80]!r} must be a lower-case name such as 'ide.tab'")
+        task_kind = _header(headers, "X-Liveloop-Task-Kind")
+        if task_kind is not None and not _NAME.match(task_kind):
+            raise InvalidRequest(
+                f"X-Liveloop-Task-Kind {task_kind[:80]!r} must be a lower-case name such as 'edit' or 'lookup.batch'",
+                param="X-Liveloop-Task-Kind",
+            )
         privacy = (headers.get("x-liveloop-privacy-mode") or "").strip().lower() in ("1", "true", "yes")
-        return cls(session or None, user, tenant, surface, privacy)
+        return cls(session or None, user, tenant, surface, privacy, task_kind)
 
 
 def _storable(text: str) -> str:

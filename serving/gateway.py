@@ -214,7 +214,7 @@ def create_app(
         for prompt, choice in zip(expanded, choices, strict=True):
             g = choice.generation
             metrics.count_generation(g.policy_version, len(g.prompt_token_ids), len(g.token_ids))
-            kind = "chat" if chat else "completion"
+            kind = context.task_kind or ("chat" if chat else "completion")
             recorded = choice.answer.recorded if choice.answer is not None else None
             budget = check.hard if check is not None else None
             place = turn.place(choice.generation_id, len(g.prompt_token_ids), budget) if turn is not None else None

@@ -36,6 +36,12 @@ _HEADERS = [
     ("X-Liveloop-User", _ID, "Pseudonymous user id; default: the body's 'user', else the gateway's default user."),
     ("X-Liveloop-Tenant", {"type": "string", "pattern": TENANT_PATTERN}, "Tenant; default: the gateway's."),
     ("X-Liveloop-Surface", {"type": "string", "pattern": r"^[a-z][a-z0-9_.-]{0,63}$"}, "Where the output is shown."),
+    (
+        "X-Liveloop-Task-Kind",
+        {"type": "string", "pattern": r"^[a-z][a-z0-9_.-]{0,63}$"},
+        "The product's kind of task, e.g. 'edit'; default 'completion' or 'chat'. The learner's reward baseline is "
+        "kept per task kind.",
+    ),
     ("X-Liveloop-Privacy-Mode", {"type": "string"}, "'true', '1' or 'yes': the generation event is never stored."),
     (
         "X-Liveloop-Trajectory",

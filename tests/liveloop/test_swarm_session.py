@@ -85,6 +85,8 @@ def _check_session(events: list[dict[str, Any]], record: SwarmRecord) -> None:
     assert len(lead) == 1
     assert len(frozen) == record.subagent_turns
     assert lead[0]["policy_version"] == record.policy_version == 1
+    # The product labels the task's kind, so that the learner's baseline is a one-part or a many-part task's.
+    assert lead[0]["task_kind"] == ("lookup.single" if record.parts == 1 else "lookup.batch")
     outcome = next(event["payload"] for event in events if event["type"] == "trajectory.outcome")
     trajectory = lead[0]["turn"]["trajectory_id"]
     assert outcome["trajectory_id"] == trajectory

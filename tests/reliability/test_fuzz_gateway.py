@@ -229,7 +229,13 @@ _HEADER_TEXT = st.text(
 ).map(
     str.strip  # HTTP drops the whitespace around a header value (and requests refuses to send it)
 )
-_HEADER_NAMES = ["X-Liveloop-Session", "X-Liveloop-User", "X-Liveloop-Tenant", "X-Liveloop-Surface"]
+_HEADER_NAMES = [
+    "X-Liveloop-Session",
+    "X-Liveloop-User",
+    "X-Liveloop-Tenant",
+    "X-Liveloop-Surface",
+    "X-Liveloop-Task-Kind",
+]
 
 
 @st.composite

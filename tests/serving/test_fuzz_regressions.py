@@ -137,6 +137,7 @@ def test_the_openapi_document_describes_bodies_headers_key_and_errors(gateway: G
             "X-Liveloop-User",
             "X-Liveloop-Tenant",
             "X-Liveloop-Surface",
+            "X-Liveloop-Task-Kind",
             "X-Liveloop-Privacy-Mode",
             "X-Liveloop-Trajectory",
             "X-Liveloop-Parent-Turn",

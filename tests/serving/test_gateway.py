@@ -121,6 +121,10 @@ def test_bad_requests_get_openai_errors(start_gateway: Callable[..., Gateway]) -
         client.completions.create(model=MODEL, prompt="y" * 1020, max_tokens=10)
     with pytest.raises(openai.BadRequestError, match="X-Liveloop-Tenant"):
         client.completions.create(model=MODEL, prompt="hi", max_tokens=2, extra_headers={"X-Liveloop-Tenant": "Bad!"})
+    with pytest.raises(openai.BadRequestError, match="X-Liveloop-Task-Kind 'Batch Lookup' must be a lower-case name"):
+        client.completions.create(
+            model=MODEL, prompt="hi", max_tokens=2, extra_headers={"X-Liveloop-Task-Kind": "Batch Lookup"}
+        )
 
 
 def test_every_completion_is_emitted_as_a_generation_event(
@@ -133,6 +137,7 @@ def test_every_completion_is_emitted_as_a_generation_event(
         "X-Liveloop-User": "u-7",
         "X-Liveloop-Tenant": "acme",
         "X-Liveloop-Surface": "ide.tab",
+        "X-Liveloop-Task-Kind": "lookup.batch",
     }
     prompts = ["def add(a, b):", "import numpy as"]
     several = client.completions.create(
@@ -162,7 +167,7 @@ def test_every_completion_is_emitted_as_a_generation_event(
         assert event.type == "generation"
         assert (event.session_id, event.user_id, event.tenant) == ("s-42", "u-7", "acme")
         assert payload.surface == "ide.tab"
-        assert payload.task_kind == "completion"
+        assert payload.task_kind == "lookup.batch"  # the product's own kind (the chat below shows the default)
         assert payload.model == MODEL
         assert payload.policy_version == VERSION
         assert payload.prompt == prompts[k // 2]

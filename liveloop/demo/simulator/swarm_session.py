@@ -3,7 +3,8 @@ the gateway (``/v1/completions``, the official ``openai`` client) and the SDK.
 
 1. ``session.started`` (surface ``agent``);
 2. the orchestrator's decision: one trainable turn, the first of a new trajectory (``agent=orchestrator``,
-   stage 0), on the task's prompt (:meth:`~liveloop.demo.simulator.swarm.SwarmTask.prompt`), one line;
+   stage 0), on the task's prompt (:meth:`~liveloop.demo.simulator.swarm.SwarmTask.prompt`), one line, labelled
+   with the task's kind (:func:`task_kind`);
 3. the product reads the decision and works it out (:func:`~liveloop.demo.simulator.swarm.settle`). The frozen
    sub-agents' work is simulated, yet each spawned sub-agent gets one served turn (``agent=subagent``,
    ``frozen=true``, its ``agent_id``, the decision turn as parent, one token): the distiller sees which
@@ -56,9 +57,25 @@ class SwarmRecord:
     subagent_turns: int
 
 
+MANY_PARTS = 2
+"""Tasks of this many parts or more are "many-part": parallel is right there (one-part tasks stay serial)."""
+
+
 def swarm_session_id(run_id: str, index: int) -> str:
     """The id of swarm session ``index`` of run ``run_id``."""
     return f"swarm-{run_id}-{index}"
+
+
+def task_kind(parts: int) -> str:
+    """The product's label of a task (``X-Liveloop-Task-Kind``): a single lookup or a batch of several.
+
+    The product knows which it was asked, and labels it as a product labels its request types. The model never
+    sees the label; the learner keeps a reward baseline per task kind, and the two kinds' rewards differ by
+    nature (a one-part answer scores about 0.7 either way, a many-part one about 0.2): under one baseline every
+    one-part answer got a positive advantage and every many-part one a negative one, whichever way it decided,
+    which drowned the difference between parallel and serial on the same kind of task.
+    """
+    return "lookup.single" if parts < MANY_PARTS else "lookup.batch"
 
 
 def run_swarm_session(
@@ -89,6 +106,7 @@ def run_swarm_session(
         temperature=temperature,
         seed=rng.randrange(2**31),
         turn={"trajectory_id": trajectory, "agent": "orchestrator", "stage": "0"},
+        task_kind=task_kind(task.size),
     )
     outcome = settle(task, read_decision(decision.text), settings)
     for run in outcome.runs:
@@ -121,10 +139,6 @@ def run_swarm_session(
         fake_parallelism=outcome.fake_parallelism,
         subagent_turns=len(outcome.runs),
     )
-
-
-MANY_PARTS = 2
-"""Tasks of this many parts or more are "many-part": parallel is right there (one-part tasks stay serial)."""
 
 
 class SwarmTally(VersionTally[SwarmRecord]):

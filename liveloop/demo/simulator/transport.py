@@ -70,9 +70,11 @@ class GatewayClient:
         temperature: float,
         seed: int,
         turn: Mapping[str, str] | None = None,
+        task_kind: str | None = None,
     ) -> Served:
         """One completion of ``prompt`` (one line: generation stops at a newline); ``turn`` places it in an agent
-        trajectory (:data:`serving.turns.HEADERS`' fields: ``trajectory_id``, ``agent``, ``frozen``, ...)."""
+        trajectory (:data:`serving.turns.HEADERS`' fields: ``trajectory_id``, ``agent``, ``frozen``, ...);
+        ``task_kind`` is the product's label of the task (``X-Liveloop-Task-Kind``; None: the gateway's default)."""
         headers = {
             "X-Liveloop-Session": session_id,
             "X-Liveloop-User": user_id,
@@ -80,6 +82,8 @@ class GatewayClient:
             "X-Liveloop-Surface": surface,
         }
         headers |= {TURN_HEADERS[name]: value for name, value in (turn or {}).items()}
+        if task_kind is not None:
+            headers["X-Liveloop-Task-Kind"] = task_kind
         if privacy:
             headers["X-Liveloop-Privacy-Mode"] = "true"
         raw = self.client.completions.with_raw_response.create(
