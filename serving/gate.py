@@ -15,7 +15,9 @@ For one announced candidate, in one MLflow run (experiment ``liveloop-gate``):
    estimated off-policy (:func:`guard_rates`) for the candidate and for the base (policy version 1), so a
    candidate that learned a hack is caught even where its reward pays for the guard's charge. Against the
    base, not the champion: a hack learned a little per cycle rises by less than any bound between two
-   neighbours, and by all of it from the base;
+   neighbours, and by all of it from the base; likewise, where the policy bounds it
+   (``max_reward_drop_from_base``), the base's estimated reward on the same samples, so that cycles each let
+   through a little below their champion cannot lose more than the bound in all;
 5. the decision by the :class:`GatePolicy`, recorded in PostgreSQL ``evaluations``, on the run and the
    model version as tags; ``promote`` and ``reject`` then go through :class:`Promoter` (alias move,
    ``promotions`` row, event); ``hold`` waits for an operator.
@@ -194,7 +196,7 @@ class Gate:
             metrics = GateMetrics(held_out_samples=0, sanity_ok=False)
         else:
             base_dir = None
-            if self.policy.max_guard_rise is not None:
+            if self.policy.compares_with_base:
                 base_dir = (
                     champion_dir
                     if champion_version == BASE_POLICY_VERSION
@@ -251,11 +253,14 @@ class Gate:
             )
             agent_turns = sum(1 for s in samples if s.agent is not None)
             fields["agent_samples"] = agent_turns
-            if base_dir is not None and agent_turns >= p.min_held_out_samples:
+            if base_dir is not None:
                 # The base is the champion at the first evaluation; otherwise one more model, read once a cycle.
                 base_ratios = (
                     champion_ratios if base_dir == champion_dir else log_ratios(load_policy_model(base_dir)[0], samples)
                 )
+                rewards = np.array([s.reward for s in samples], dtype=np.float64)
+                fields["base_reward"] = snis(truncated_weights(base_ratios, p.importance_weight_clip), rewards)
+            if base_dir is not None and agent_turns >= p.min_held_out_samples:
                 fields["candidate_guard_rates"] = guard_rates(samples, candidate_ratios, p.importance_weight_clip)
                 fields["base_guard_rates"] = guard_rates(samples, base_ratios, p.importance_weight_clip)
         sequences = [list(s.prompt_token_ids or []) + list(s.completion_token_ids or []) for s in samples[:256]]

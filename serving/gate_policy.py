@@ -24,7 +24,8 @@ class InvalidGatePolicy(ServingError):
 
 
 class GatePolicy(BaseModel):
-    """Thresholds of the evaluation gate. Every rule compares the candidate with the current champion."""
+    """Thresholds of the evaluation gate. Every rule compares the candidate with the current champion, but the two
+    that compare it with the base (``max_guard_rise``, ``max_reward_drop_from_base``)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
@@ -76,11 +77,26 @@ class GatePolicy(BaseModel):
         "reward is; None: not checked. The reward already charges each guard, but a learned hack can pay for its "
         "charge; this refuses a candidate that found one, whatever its reward.",
     )
+    max_reward_drop_from_base: float | None = Field(
+        default=None,
+        ge=0,
+        le=1,
+        description="Most the candidate's estimated reward may lie below the base's (policy version 1), on the same "
+        "held-out samples; None: not checked. A policy that lets a candidate be a little below its champion "
+        "(min_reward_improvement < 0, a non-inferiority check for cycles that move the policy by less than the "
+        "estimate can resolve) bounds with this what many such cycles may lose in all.",
+    )
     auto_promote: bool = Field(default=False, description="True: a pass promotes at once; False: it waits (hold).")
     importance_weight_clip: float = Field(default=20.0, gt=1, description="Truncation of importance weights.")
     ci_level: float = Field(default=0.95, gt=0.5, lt=1)
     bootstrap_resamples: int = Field(default=1000, ge=100, le=100_000)
     seed: int = Field(default=0, description="Bootstrap seed: the same data gives the same decision.")
+
+
+    @property
+    def compares_with_base(self) -> bool:
+        """Whether a rule compares the candidate with the base, so that the gate must read the base too."""
+        return self.max_guard_rise is not None or self.max_reward_drop_from_base is not None
 
 
 def load_policy(path: Path) -> GatePolicy:
@@ -123,6 +139,7 @@ class GateMetrics(BaseModel):
     candidate_well_formed_share: float = math.nan
     champion_well_formed_share: float = math.nan
     well_formed_validator: str | None = None
+    base_reward: float = math.nan
     agent_samples: int = 0
     candidate_guard_rates: dict[str, float] = Field(default_factory=dict)
     base_guard_rates: dict[str, float] = Field(default_factory=dict)
@@ -154,6 +171,7 @@ def decide(policy: GatePolicy, m: GateMetrics, sanity_problems: list[str] | None
                 f"difference CI low {m.difference_ci_low:+.4f} >= {policy.min_improvement_ci_low:+.4f}",
             )
         )
+        checks += _base_reward_checks(policy, m)
         checks.append((_ge(m.candidate_ess, policy.min_ess), f"ESS {m.candidate_ess:.1f} >= {policy.min_ess:.1f}"))
         checks.append((_ge(policy.max_kl, m.mean_kl), f"mean KL {m.mean_kl:.4f} <= {policy.max_kl:.4f}"))
         checks.append(
@@ -168,6 +186,16 @@ def decide(policy: GatePolicy, m: GateMetrics, sanity_problems: list[str] | None
     if not all(ok for ok, _ in checks):
         return "reject", reasons
     return ("promote" if policy.auto_promote else "hold"), reasons
+
+
+def _base_reward_checks(policy: GatePolicy, m: GateMetrics) -> list[tuple[bool, str]]:
+    """The candidate's estimated reward against the base's (only where the policy sets a bound)."""
+    bound = policy.max_reward_drop_from_base
+    if bound is None:
+        return []
+    drop = m.base_reward - m.candidate_reward
+    text = f"reward {m.candidate_reward:.4f} vs base {m.base_reward:.4f}: drop {drop:+.4f} <= {bound:.4f}"
+    return [(_ge(bound, drop), text)]
 
 
 def _diversity_checks(policy: GatePolicy, m: GateMetrics) -> list[tuple[bool, str]]:

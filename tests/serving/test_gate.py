@@ -377,6 +377,30 @@ def test_a_guard_firing_more_often_than_under_the_base_rejects() -> None:
     )
 
 
+def test_a_candidate_further_below_the_base_than_the_bound_rejects_whatever_its_champion() -> None:
+    # A non-inferiority policy lets each candidate be a little below its champion; the base bounds the sum.
+    policy = GatePolicy(auto_promote=True, min_reward_improvement=-0.01, max_reward_drop_from_base=0.02)
+    step = HEALTHY.model_copy(update={"candidate_reward": 0.495, "reward_difference": -0.005})
+    without_base = decide(GatePolicy(auto_promote=True, min_reward_improvement=-0.01), step)
+    assert without_base[0] == "promote"  # 0.005 below its champion: within the per-cycle margin
+    near = step.model_copy(update={"base_reward": 0.51})
+    assert decide(policy, near) == (
+        "promote",
+        [*without_base[1][:3], "ok reward 0.4950 vs base 0.5100: drop +0.0150 <= 0.0200", *without_base[1][3:]],
+    )
+    drifted = step.model_copy(update={"base_reward": 0.53})
+    assert decide(policy, drifted) == (
+        "reject",
+        ["FAIL reward 0.4950 vs base 0.5300: drop +0.0350 <= 0.0200", *without_base[1]],
+    )
+    # Nothing measured against the base (no base read) never passes a set bound; unset, the rule is absent.
+    assert decide(policy, step)[1][0] == "FAIL reward 0.4950 vs base nan: drop +nan <= 0.0200"
+    assert not any("vs base" in r for r in decide(GatePolicy(auto_promote=True), drifted)[1])
+    assert policy.compares_with_base
+    assert GatePolicy(max_guard_rise=0.05).compares_with_base
+    assert not GatePolicy().compares_with_base
+
+
 def test_regression_checks_and_the_default_suite(tmp_path: Path) -> None:
     suite = load_suite()
     assert suite.name == "default"
