@@ -58,8 +58,9 @@ def test_a_short_agent_demo_evaluates_a_candidate_and_reports_by_version(name: s
     report = DemoReport.model_validate_json((report_dir / "report.json").read_text())
     assert (report.scenario, report.seed, report.minutes, report.base_version) == (name, 3, 2.0, 1)
     assert report.gate_decisions, "the gate evaluated no candidate"
-    for decision in report.gate_decisions:  # the agent demos' gate policy bounds each reward guard's rise
+    for decision in report.gate_decisions:  # the agent demos' gate policy compares each candidate with the base
         assert any(str(reason).split(" ", 2)[1:2] == ["guard"] for reason in decision.reasons), decision.reasons
+        assert any(" vs base " in reason and "drop" in reason for reason in decision.reasons), decision.reasons
     assert report.checkpoints, "the learner wrote no checkpoint"
     assert report.leaks.found == {}, report.leaks  # the leak scan ran after the scenario, as after the code demo
     agents = report.agents

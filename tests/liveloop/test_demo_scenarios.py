@@ -170,7 +170,7 @@ def test_the_swarm_demo_distils_under_the_default_spec_with_only_a_heavier_fake_
     assert default.agent is not None
     assert swarm.agent.weights.fake_parallelism < default.agent.weights.fake_parallelism
     heavier = default.agent.model_copy(
-        update={"weights": default.agent.weights.model_copy(update={"fake_parallelism": -1.5})}
+        update={"weights": default.agent.weights.model_copy(update={"fake_parallelism": -1.0})}
     )
     assert swarm.model_copy(update={"version": default.version}) == default.model_copy(update={"agent": heavier})
     assert all("LIVELOOP_DISTILL_SPEC_PATH" not in SCENARIOS[name].environment for name in ("code", "prune"))
