@@ -92,7 +92,6 @@ class GatePolicy(BaseModel):
     bootstrap_resamples: int = Field(default=1000, ge=100, le=100_000)
     seed: int = Field(default=0, description="Bootstrap seed: the same data gives the same decision.")
 
-
     @property
     def compares_with_base(self) -> bool:
         """Whether a rule compares the candidate with the base, so that the gate must read the base too."""

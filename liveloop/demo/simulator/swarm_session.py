@@ -71,9 +71,9 @@ def task_kind(parts: int) -> str:
 
     The product knows which it was asked, and labels it as a product labels its request types. The model never
     sees the label; the learner keeps a reward baseline per task kind, and the two kinds' rewards differ by
-    nature (a one-part answer scores about 0.7 either way, a many-part one about 0.2): under one baseline every
-    one-part answer got a positive advantage and every many-part one a negative one, whichever way it decided,
-    which drowned the difference between parallel and serial on the same kind of task.
+    nature (a one-part answer earns 0.5-0.7 whichever way it decides, a many-part one 0.1-0.2: the critical path
+    is longer): under one baseline every one-part answer got a positive advantage and every many-part one a
+    negative one, which drowned the difference between parallel and serial on the same kind of task.
     """
     return "lookup.single" if parts < MANY_PARTS else "lookup.batch"
 
