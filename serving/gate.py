@@ -233,10 +233,11 @@ class Gate:
         fields: dict[str, Any] = {"held_out_samples": len(samples)}
         if samples:
             candidate_ratios, champion_ratios = log_ratios(candidate, samples), log_ratios(champion, samples)
+            rewards = [s.reward for s in samples]
             cmp = compare(
                 candidate_ratios,
                 champion_ratios,
-                [s.reward for s in samples],
+                rewards,
                 clip=p.importance_weight_clip,
                 level=p.ci_level,
                 resamples=p.bootstrap_resamples,
@@ -258,11 +259,11 @@ class Gate:
                 base_ratios = (
                     champion_ratios if base_dir == champion_dir else log_ratios(load_policy_model(base_dir)[0], samples)
                 )
-                rewards = np.array([s.reward for s in samples], dtype=np.float64)
-                fields["base_reward"] = snis(truncated_weights(base_ratios, p.importance_weight_clip), rewards)
-            if base_dir is not None and agent_turns >= p.min_held_out_samples:
-                fields["candidate_guard_rates"] = guard_rates(samples, candidate_ratios, p.importance_weight_clip)
-                fields["base_guard_rates"] = guard_rates(samples, base_ratios, p.importance_weight_clip)
+                base_weights = truncated_weights(base_ratios, p.importance_weight_clip)
+                fields["base_reward"] = snis(base_weights, np.asarray(rewards, dtype=np.float64))
+                if agent_turns >= p.min_held_out_samples:
+                    fields["candidate_guard_rates"] = guard_rates(samples, candidate_ratios, p.importance_weight_clip)
+                    fields["base_guard_rates"] = guard_rates(samples, base_ratios, p.importance_weight_clip)
         sequences = [list(s.prompt_token_ids or []) + list(s.completion_token_ids or []) for s in samples[:256]]
         sequences += [tokenizer(case.prompt, add_special_tokens=False)["input_ids"] for case in self.suite.cases]
         fields["mean_kl"] = mean_kl(candidate, champion, sequences)
