@@ -91,12 +91,18 @@ class AgentVerdict(_Part):
 
 
 class AgentReport(_Part):
-    """An agent scenario's figures by version, what each figure is, and the verdict."""
+    """An agent scenario's figures by version, what each figure is, and the verdict.
+
+    With a held-out evaluation (:mod:`liveloop.demo.held_out`) the verdict judges it, and ``served_verdict`` is the
+    same comparison on the trajectories each version served, shown beside it."""
 
     scenario: str
     figures: list[FigureSpec]
     versions: list[AgentVersion]
     verdict: AgentVerdict
+    held_out_tasks: int = Field(default=0, ge=0, description="Tasks each checkpoint answered held out; 0: none.")
+    held_out: list[AgentVersion] = Field(default_factory=list, description="The base's and the judged version's.")
+    served_verdict: AgentVerdict | None = None
 
 
 def figure_specs(spec: ReportSpec) -> list[FigureSpec]:
@@ -230,6 +236,25 @@ def build_agent_report(
     )
 
 
+def with_held_out(report: AgentReport, figures: Mapping[int, Mapping[str, Any]], tasks: int) -> AgentReport:
+    """``report`` judged on the held-out evaluation instead: ``figures`` by version (the base and the version the
+    served verdict judged, each measured on the same ``tasks`` tasks), its served verdict kept beside."""
+    wanted = {spec.key for spec in report.figures}
+    versions = [
+        AgentVersion(
+            version=version,
+            trajectories=int(row.get("trajectories", 0)),
+            figures={key: estimate(raw) for key, raw in row.items() if key in wanted and isinstance(raw, Mapping)},
+        )
+        for version, row in sorted(figures.items())
+    ]
+    judged = report.verdict.judged_version
+    verdict = agent_verdict(report.figures, versions, [] if judged is None else [judged], report.verdict.base_version)
+    return report.model_copy(
+        update={"held_out_tasks": tasks, "held_out": versions, "verdict": verdict, "served_verdict": report.verdict}
+    )
+
+
 def format_estimate(value: Estimate | None) -> str:
     """``0.412 (0.35-0.47, n 120)``; ``-`` when nothing was measured."""
     if value is None or value.value is None:
@@ -241,22 +266,17 @@ def format_estimate(value: Estimate | None) -> str:
 
 def agent_markdown(report: AgentReport) -> list[str]:
     """``report.md``'s agent section: the verdict and its criteria, then every figure by version."""
-    v = report.verdict
     lines = ["## Verdict", ""]
-    lines += [f"**Warning:** {warning}." for warning in v.warnings]
-    lines += [""] if v.warnings else []
-    if v.judged_version is None:
-        lines += [f"Nothing to judge: {v.why}.", ""]
-    else:
-        outcome = "**passed**" if v.passed else f"**not passed** ({v.why})"
-        lines += [f"Version {v.judged_version} (the newest promoted one that served) against the base, "
-                  f"version {v.base_version}: {outcome}.", ""]  # fmt: skip
-        lines += ["| figure | rule | base | judged | outcome |", "|---|---|---|---|---|"]
-        for c in v.criteria:
-            mark = "ok" if c.passed else "FAIL"
-            before, after = format_estimate(c.base), format_estimate(c.final)
-            lines.append(f"| {c.figure} | {c.rule} | {before} | {after} | {mark}: {c.detail} |")
-        lines.append("")
+    if report.served_verdict is not None:
+        lines += [
+            f"Measured held out: each checkpoint sampled on the same {report.held_out_tasks} fixed tasks, as the "
+            "gateway samples (liveloop/demo/held_out.py); the served trajectories' verdict follows it.",
+            "",
+        ]
+    lines += _verdict_lines(report.verdict)
+    if report.served_verdict is not None:
+        lines += ["### The same on served trajectories (shown, not judged)", ""]
+        lines += _verdict_lines(report.served_verdict)
     lines += [
         "Rules: improve = better with 95 % intervals apart; hold = not worse with intervals apart; no_rise = the "
         "point estimate not above the upper bound of the base's 95 % interval.",
@@ -273,3 +293,20 @@ def agent_markdown(report: AgentReport) -> list[str]:
             )
         lines.append("")
     return lines
+
+
+def _verdict_lines(v: AgentVerdict) -> list[str]:
+    lines = [f"**Warning:** {warning}." for warning in v.warnings]
+    lines += [""] if v.warnings else []
+    if v.judged_version is None:
+        return [*lines, f"Nothing to judge: {v.why}.", ""]
+    outcome = "**passed**" if v.passed else f"**not passed** ({v.why})"
+    lines += [f"Version {v.judged_version} (the newest promoted one that served) against the base, "
+              f"version {v.base_version}: {outcome}.", ""]  # fmt: skip
+    lines += ["| figure | rule | base | judged | outcome |", "|---|---|---|---|---|"]
+    for c in v.criteria:
+        mark = "ok" if c.passed else "FAIL"
+        lines.append(
+            f"| {c.figure} | {c.rule} | {format_estimate(c.base)} | {format_estimate(c.final)} | {mark}: {c.detail} |"
+        )
+    return [*lines, ""]

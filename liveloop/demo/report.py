@@ -16,6 +16,7 @@ registered it, so it holds whatever the base is numbered.
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -25,10 +26,13 @@ from psycopg import sql
 from pydantic import BaseModel, ConfigDict, Field
 
 from infra.stack import Stack
-from liveloop.demo.agent_report import AgentReport, agent_markdown, build_agent_report
+from liveloop.demo.agent_report import AgentReport, agent_markdown, build_agent_report, with_held_out
+from liveloop.demo.held_out import HELD_OUT_TASKS, HeldOutEvaluation, checkpoint_folder
 from liveloop.demo.scenarios import CODE, Scenario
 from liveloop.demo.simulator.stats import intervals_overlap
 from liveloop.demo.simulator.summary import SimulationSummary
+
+log = logging.getLogger(__name__)
 
 _COUNT = sql.SQL("SELECT count(*) FROM {}")
 IMPROVEMENT_POINTS = 15.0
@@ -164,8 +168,10 @@ def collect_report(
     base_version: int,
     leaks: LeakScan,
     scenario: Scenario = CODE,
+    held_out_tasks: int = HELD_OUT_TASKS,
 ) -> DemoReport:
-    """Gather the report from the simulator's summary, the leak scan and the audit store."""
+    """Gather the report from the simulator's summary, the leak scan and the audit store (and, for an agent scenario
+    with a held-out evaluation, ``held_out_tasks`` fixed tasks answered by the base and the judged checkpoint)."""
     with psycopg.connect(stack.endpoints.dsn()) as conn:
         # The base is the lineage's root, the one checkpoint without a parent.
         lineage = conn.execute(
@@ -212,6 +218,8 @@ def collect_report(
         agents = build_agent_report(
             scenario.name, scenario.report, summary.agents, [v for v in promoted if v is not None], base_version
         )
+        if scenario.held_out is not None:
+            agents = judge_held_out(agents, scenario.held_out, stack.settings.state_dir, held_out_tasks)
         judged = Verdict(promotions=len(promoted), improved=agents.verdict.passed, why=agents.verdict.why)
     return DemoReport(
         seed=summary.seed,
@@ -238,6 +246,27 @@ def collect_report(
         verdict=judged,
         agents=agents,
     )
+
+
+def judge_held_out(
+    agents: AgentReport, evaluation: HeldOutEvaluation, state_dir: Path, tasks: int = HELD_OUT_TASKS
+) -> AgentReport:
+    """``agents`` judged on the held-out evaluation of the base and the version its served verdict judged (their
+    checkpoints in the demo's learner folder); as it was, with a warning saying why, if either cannot be measured."""
+    judged = agents.verdict.judged_version
+    if judged is None:
+        return agents
+    try:
+        figures = {
+            version: evaluation(checkpoint_folder(state_dir, version), tasks)
+            for version in (agents.verdict.base_version, judged)
+        }
+    except Exception as exc:  # a report must come out of a finished run; the served verdict still says something
+        log.warning("held-out evaluation failed; the verdict stays on served trajectories", exc_info=True)
+        warning = f"the held-out evaluation failed ({exc}); the verdict judges served trajectories"
+        verdict = agents.verdict.model_copy(update={"warnings": [*agents.verdict.warnings, warning]})
+        return agents.model_copy(update={"verdict": verdict})
+    return with_held_out(agents, figures, tasks)
 
 
 def verdict(versions: list[VersionResult], promotions: list[Promotion], base_version: int) -> Verdict:

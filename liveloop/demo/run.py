@@ -41,6 +41,7 @@ from liveloop.demo.leak_scan import scan_for_leaks
 from liveloop.demo.quiet import library_output_to
 from liveloop.demo.report import DemoReport, LeakScan, collect_report, write_report
 from liveloop.demo.scenarios import CODE, scenario_named
+from liveloop.demo.settings import DemoSettings
 from liveloop.demo.view import Watch, progress
 from liveloop.profiles import FAST, apply_profile
 
@@ -144,7 +145,12 @@ def _run(stack: Stack, options: DemoOptions, console: Console) -> DemoReport:
             privacy_sessions=len(summary.privacy_session_ids),
             found=scan_for_leaks(stack, [s.secret for s in summary.planted_secrets], summary.privacy_session_ids),
         )
-        report = collect_report(stack, summary, options.profile, options.minutes, base_version, leaks, scenario)
+        held_out = DemoSettings().held_out_tasks
+        if scenario.held_out is not None:
+            console.print(f"measuring the base and the last promoted checkpoint on {held_out} held-out tasks each")
+        report = collect_report(
+            stack, summary, options.profile, options.minutes, base_version, leaks, scenario, held_out
+        )
         write_report(report, summary, options.report_dir)
     finally:
         finish(stack, options, console)

@@ -26,3 +26,10 @@ class DemoSettings(LiveloopSettings):
         le=100_000,
         description="Pre-training steps instead of the scenario's (a short test; a different key in the cache).",
     )
+    held_out_tasks: int = Field(
+        default=400,
+        ge=2,
+        le=10_000,
+        description="Fixed tasks the base and the judged checkpoint each answer for an agent scenario's verdict "
+        "(liveloop/demo/held_out.py; 400: about 210 many-part swarm tasks, about 10 s a checkpoint).",
+    )

@@ -42,6 +42,7 @@ def test_a_short_agent_demo_evaluates_a_candidate_and_reports_by_version(name: s
         LIVELOOP_LEARNER_MIN_SAMPLES="16",
         LIVELOOP_LEARNER_ROUND_SAMPLES="16",
         LIVELOOP_SIMULATOR_DRAIN_S="20",
+        LIVELOOP_DEMO_HELD_OUT_TASKS="16",
     )
     args = ["demo", "--scenario", name, "--minutes", "2", "--seed", "3", "--report", str(report_dir)]
     try:
@@ -86,6 +87,15 @@ def test_a_short_agent_demo_evaluates_a_candidate_and_reports_by_version(name: s
     assert report.verdict.improved == verdict.passed
     if verdict.judged_version is not None:
         assert {c.figure for c in verdict.criteria} >= {spec.success, *spec.hacks, *spec.guards}
+    if SCENARIOS[name].held_out is not None and verdict.judged_version is not None:
+        # The verdict judges the base and the judged checkpoint, each on the same held-out tasks.
+        assert agents.held_out_tasks == 16
+        assert [(v.version, v.trajectories) for v in agents.held_out] == [
+            (report.base_version, 16),
+            (verdict.judged_version, 16),
+        ]
+        assert agents.served_verdict is not None
+        assert agents.served_verdict.judged_version == verdict.judged_version
 
     markdown = (report_dir / "report.md").read_text()
     assert markdown.startswith(f"# liveloop demo: scenario `{name}`")

@@ -154,7 +154,8 @@ def test_every_agent_scenario_names_one_efficiency_figure_to_improve_and_runs_th
         if scenario.report is None:
             continue
         assert [e.judged for e in scenario.report.efficiency].count("improve") == 1, scenario.name
-        assert env["LIVELOOP_LEARNER_LR"] == "1e-4"  # docs/swarm-learnability.md: 3e-4 went garbled
+        # docs/swarm-learnability.md: 3e-4 went garbled; swarm's base, whose answers come out right, takes 2e-4
+        assert float(env["LIVELOOP_LEARNER_LR"]) <= 2e-4, scenario.name
         assert int(env["LIVELOOP_LEARNER_TOKEN_BUDGET"]) >= 64 * scenario.pretraining.max_length
         assert scenario.gate_policy.min_distinct_share < 0.5  # a per-task deterministic policy scores 0.5
     assert CODE.profile() is FAST  # the code demo runs exactly as before

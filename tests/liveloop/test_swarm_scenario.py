@@ -327,9 +327,9 @@ def test_prompts_of_a_thousand_drawn_tasks_stay_short_and_leave_room_for_the_lon
             longest_prompt = max(longest_prompt, prompt)
             longest_text = max(longest_text, prompt + answer)
         longest.append((longest_prompt, longest_text))
-    # Tools line 43 + "ask: a-e" 8, two newlines = 53; a five-part answer with an idle sub-agent is 5 calls of 71
-    # bytes and one of 70. The widest settings (8 parts) still fit.
-    assert longest == [(53, 478), (53, 691)]
+    # Tools line 43 + "ask: a b c d e" 14, two newlines = 59; a five-part answer with an idle sub-agent is 5 calls of
+    # 71 bytes and one of 70. The widest settings (8 parts) still fit.
+    assert longest == [(59, 484), (65, 703)]
     assert all(prompt < PROMPT_BYTES and text < CONTEXT_BYTES for prompt, text in longest)
     assert len(THREE_PARTS.prompt()) == 43 + 1 + 10 + 1
 
@@ -349,14 +349,12 @@ def test_drawn_tasks_follow_the_settings_distribution() -> None:
     for task in tasks:
         first = order.index(task.keys[0])
         assert list(task.keys) == order[first : first + task.size]  # a run of consecutive items
-        assert task.prompt().endswith(
-            f"ask: {task.keys[0]}\n" if task.size == 1 else f"ask: {task.keys[0]}-{task.keys[-1]}\n"
-        )
+        assert task.prompt().endswith(f"ask: {' '.join(task.keys)}\n")
         assert all(CATALOG[part.key] == part.answer for part in task.parts)
 
 
-def test_the_ask_line_names_a_run_by_its_ends_and_anything_else_item_by_item() -> None:
-    assert task_of(("c", 2, False), ("d", 2, False), ("e", 2, False)).prompt().endswith("\nask: c-e\n")
+def test_the_ask_line_names_every_item_asked_in_the_tasks_order() -> None:
+    assert task_of(("c", 2, False), ("d", 2, False), ("e", 2, False)).prompt().endswith("\nask: c d e\n")
     assert THREE_PARTS.prompt().endswith("\nask: b d f\n")
     assert task_of(("e", 2, False), ("d", 2, False)).prompt().endswith("\nask: e d\n")  # not in catalog order
     assert task_of(("c", 2, False)).prompt().endswith("\nask: c\n")

@@ -29,6 +29,7 @@ from liveloop.demo.simulator.stats import mean_figure, rate_figure
 from liveloop.demo.simulator.swarm import (
     DEFAULT_SETTINGS,
     Mode,
+    SwarmOutcome,
     SwarmSettings,
     draw_task,
     outcome_event,
@@ -127,9 +128,14 @@ def run_swarm_session(
         )
     sink.emit(outcome_event(session.envelope, session.trajectory_id, outcome, datetime.now(UTC), settings))
     end_session(sink, session)
+    return swarm_record(outcome, decision.policy_version, settings)
+
+
+def swarm_record(outcome: SwarmOutcome, policy_version: int, settings: SwarmSettings = DEFAULT_SETTINGS) -> SwarmRecord:
+    """The product's record of a settled task, answered by ``policy_version``."""
     return SwarmRecord(
-        policy_version=decision.policy_version,
-        parts=task.size,
+        policy_version=policy_version,
+        parts=outcome.task.size,
         mode=outcome.mode,
         success=outcome.success,
         score=outcome_score(outcome, settings),
@@ -147,10 +153,11 @@ class SwarmTally(VersionTally[SwarmRecord]):
     intervals, means with normal ones."""
 
     def __init__(self) -> None:
-        super().__init__(_figures)
+        super().__init__(swarm_figures)
 
 
-def _figures(version: int, records: list[SwarmRecord]) -> dict[str, Any]:
+def swarm_figures(version: int, records: list[SwarmRecord]) -> dict[str, Any]:
+    """The figures of ``records`` (see :class:`SwarmTally`), as answered by ``version``."""
     one = [r for r in records if r.parts < MANY_PARTS]
     many = [r for r in records if r.parts >= MANY_PARTS]
     return {
