@@ -236,11 +236,10 @@ def build_agent_report(
     )
 
 
-def with_held_out(report: AgentReport, figures: Mapping[int, Mapping[str, Any]], tasks: int) -> AgentReport:
-    """``report`` judged on the held-out evaluation instead: ``figures`` by version (the base and the version the
-    served verdict judged, each measured on the same ``tasks`` tasks), its served verdict kept beside."""
+def held_out_versions(report: AgentReport, figures: Mapping[int, Mapping[str, Any]]) -> list[AgentVersion]:
+    """The held-out evaluation's ``figures`` by version as the report's versions, the report's figures kept."""
     wanted = {spec.key for spec in report.figures}
-    versions = [
+    return [
         AgentVersion(
             version=version,
             trajectories=int(row.get("trajectories", 0)),
@@ -248,11 +247,23 @@ def with_held_out(report: AgentReport, figures: Mapping[int, Mapping[str, Any]],
         )
         for version, row in sorted(figures.items())
     ]
+
+
+def with_held_out(report: AgentReport, figures: Mapping[int, Mapping[str, Any]], tasks: int) -> AgentReport:
+    """``report`` with the held-out evaluation: ``figures`` by version, each measured on the same ``tasks`` tasks.
+
+    With the version the served verdict judged among them, the verdict judges them instead, the served verdict
+    kept beside it; with the base alone (nothing promoted served), they are shown and the verdict stays."""
+    versions = held_out_versions(report, figures)
+    update: dict[str, Any] = {"held_out_tasks": tasks, "held_out": versions}
     judged = report.verdict.judged_version
-    verdict = agent_verdict(report.figures, versions, [] if judged is None else [judged], report.verdict.base_version)
-    return report.model_copy(
-        update={"held_out_tasks": tasks, "held_out": versions, "verdict": verdict, "served_verdict": report.verdict}
-    )
+    if judged is not None and judged in figures:
+        base = report.verdict.base_version
+        update |= {
+            "verdict": agent_verdict(report.figures, versions, [judged], base),
+            "served_verdict": report.verdict,
+        }
+    return report.model_copy(update=update)
 
 
 def format_estimate(value: Estimate | None) -> str:
@@ -281,9 +292,16 @@ def agent_markdown(report: AgentReport) -> list[str]:
         "Rules: improve = better with 95 % intervals apart; hold = not worse with intervals apart; no_rise = the "
         "point estimate not above the upper bound of the base's 95 % interval.",
         "",
-        "## Figures by policy version (95 % intervals)",
-        "",
     ]
+    if report.held_out:
+        lines += [f"## Held out: {report.held_out_tasks} fixed tasks per checkpoint (95 % intervals)", ""]
+        lines += ["| figure | " + " | ".join(f"version {v.version}" for v in report.held_out) + " |"]
+        lines += ["|---|" + "---|" * len(report.held_out)]
+        for spec in report.figures:
+            cells = " | ".join(format_estimate(v.figures.get(spec.key)) for v in report.held_out)
+            lines.append(f"| {spec.key} | {cells} |")
+        lines.append("")
+    lines += ["## Figures by policy version (95 % intervals)", ""]
     for spec in report.figures:
         direction = f", {spec.better} is better" if spec.better else ""
         lines += [f"### {spec.key} ({spec.role}{direction})", "", "| version | trajectories | value |", "|---|---|---|"]

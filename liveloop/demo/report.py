@@ -251,16 +251,14 @@ def collect_report(
 def judge_held_out(
     agents: AgentReport, evaluation: HeldOutEvaluation, state_dir: Path, tasks: int = HELD_OUT_TASKS
 ) -> AgentReport:
-    """``agents`` judged on the held-out evaluation of the base and the version its served verdict judged (their
-    checkpoints in the demo's learner folder); as it was, with a warning saying why, if either cannot be measured."""
-    judged = agents.verdict.judged_version
-    if judged is None:
-        return agents
+    """``agents`` with the held-out evaluation of the base and of the version its served verdict judged, if any
+    (their checkpoints in the demo's learner folder), which the verdict then judges (:func:`with_held_out`); as it
+    was, with a warning saying why, if one cannot be measured."""
+    versions = [agents.verdict.base_version]
+    if agents.verdict.judged_version is not None:
+        versions.append(agents.verdict.judged_version)
     try:
-        figures = {
-            version: evaluation(checkpoint_folder(state_dir, version), tasks)
-            for version in (agents.verdict.base_version, judged)
-        }
+        figures = {version: evaluation(checkpoint_folder(state_dir, version), tasks) for version in versions}
     except Exception as exc:  # a report must come out of a finished run; the served verdict still says something
         log.warning("held-out evaluation failed; the verdict stays on served trajectories", exc_info=True)
         warning = f"the held-out evaluation failed ({exc}); the verdict judges served trajectories"

@@ -62,6 +62,23 @@ def test_the_verdict_judges_the_held_out_figures_and_keeps_the_served_one_beside
     text = "\n".join(agent_markdown(judged))
     assert "each checkpoint sampled on the same 400 fixed tasks" in text
     assert text.index("**not passed**") < text.index("### The same on served trajectories") < text.index("**passed**")
+    assert "| critical_steps_many_parts | 14.200 (13.000-15.400, n 50) | 14.200 (13.000-15.400, n 50) |" in text
+
+
+def test_with_nothing_promoted_the_base_alone_is_measured_and_the_verdict_stays() -> None:
+    served = build_agent_report("swarm", SPEC, [_swarm_row(1), _swarm_row(3, **LEARNED)], [], 1)
+    asked: list[Path] = []
+
+    def measure(folder: Path, tasks: int) -> dict[str, object]:
+        asked.append(folder)
+        return _swarm_row(0, trajectories=tasks)
+
+    judged = judge_held_out(served, measure, Path("/state"), 16)
+    assert [folder.name for folder in asked] == [checkpoint_folder(Path("/state"), 1).name]
+    assert [(v.version, v.trajectories) for v in judged.held_out] == [(1, 16)]
+    assert judged.verdict == served.verdict
+    assert judged.served_verdict is None
+    assert "## Held out: 16 fixed tasks per checkpoint" in "\n".join(agent_markdown(judged))
 
 
 def test_a_held_out_evaluation_that_fails_leaves_the_served_verdict_with_a_warning_saying_why(tmp_path: Path) -> None:
