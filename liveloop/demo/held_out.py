@@ -29,7 +29,7 @@ HeldOutEvaluation = Callable[[Path, int], Mapping[str, Any]]
 (``{"rate"|"mean", "n", "low", "high"}``), ``trajectories`` included."""
 
 _BATCH = 64
-"""Prompts decoded together (the engine's batches are smaller; the answers do not depend on the batch)."""
+"""Prompts decoded together: each row samples with its own seed, so the batch changes nothing but float rounding."""
 
 
 def held_out_rng(index: int) -> random.Random:
