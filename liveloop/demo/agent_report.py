@@ -135,16 +135,17 @@ def estimate(raw: Mapping[str, Any]) -> Estimate:
 def agent_versions(spec: ReportSpec, figures: Sequence[Mapping[str, Any]]) -> list[AgentVersion]:
     """The simulator's per-version figures (``SimulationSummary.agents``), the spec's figures kept, oldest first.
     A figure the spec names and the simulator did not report is left out of that version."""
-    wanted = spec.figures()
-    versions = [
-        AgentVersion(
-            version=int(row["policy_version"]),
-            trajectories=int(row.get("trajectories", 0)),
-            figures={key: estimate(row[key]) for key in wanted if isinstance(row.get(key), Mapping)},
-        )
-        for row in figures
-    ]
+    versions = [agent_version(int(row["policy_version"]), row, spec.figures()) for row in figures]
     return sorted(versions, key=lambda v: v.version)
+
+
+def agent_version(version: int, row: Mapping[str, Any], wanted: Sequence[str]) -> AgentVersion:
+    """One version's figures (a simulator tally's row), those in ``wanted`` kept."""
+    return AgentVersion(
+        version=version,
+        trajectories=int(row.get("trajectories", 0)),
+        figures={key: estimate(row[key]) for key in wanted if isinstance(row.get(key), Mapping)},
+    )
 
 
 def judge(rule: Rule, better: Better, base: Estimate | None, final: Estimate | None) -> tuple[bool, str]:
@@ -236,25 +237,13 @@ def build_agent_report(
     )
 
 
-def held_out_versions(report: AgentReport, figures: Mapping[int, Mapping[str, Any]]) -> list[AgentVersion]:
-    """The held-out evaluation's ``figures`` by version as the report's versions, the report's figures kept."""
-    wanted = {spec.key for spec in report.figures}
-    return [
-        AgentVersion(
-            version=version,
-            trajectories=int(row.get("trajectories", 0)),
-            figures={key: estimate(raw) for key, raw in row.items() if key in wanted and isinstance(raw, Mapping)},
-        )
-        for version, row in sorted(figures.items())
-    ]
-
-
 def with_held_out(report: AgentReport, figures: Mapping[int, Mapping[str, Any]], tasks: int) -> AgentReport:
     """``report`` with the held-out evaluation: ``figures`` by version, each measured on the same ``tasks`` tasks.
 
     With the version the served verdict judged among them, the verdict judges them instead, the served verdict
     kept beside it; with the base alone (nothing promoted served), they are shown and the verdict stays."""
-    versions = held_out_versions(report, figures)
+    wanted = [spec.key for spec in report.figures]
+    versions = [agent_version(version, row, wanted) for version, row in sorted(figures.items())]
     update: dict[str, Any] = {"held_out_tasks": tasks, "held_out": versions}
     judged = report.verdict.judged_version
     if judged is not None and judged in figures:

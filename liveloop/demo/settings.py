@@ -8,6 +8,7 @@ from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
 from infra.settings import LiveloopSettings
+from liveloop.demo.held_out import HELD_OUT_TASKS
 
 
 class DemoSettings(LiveloopSettings):
@@ -27,9 +28,9 @@ class DemoSettings(LiveloopSettings):
         description="Pre-training steps instead of the scenario's (a short test; a different key in the cache).",
     )
     held_out_tasks: int = Field(
-        default=400,
+        default=HELD_OUT_TASKS,
         ge=2,
         le=10_000,
         description="Fixed tasks the base and the judged checkpoint each answer for an agent scenario's verdict "
-        "(liveloop/demo/held_out.py; 400: about 210 many-part swarm tasks, about 10 s a checkpoint).",
+        "(liveloop/demo/held_out.py, whose HELD_OUT_TASKS says what the default measures and costs).",
     )
