@@ -167,6 +167,7 @@ def plan_round(
     shaping: ShapingSchedule,
     first_step: int,
     weighting: LossWeighting = "token",
+    min_advantage: float | None = None,
 ) -> list[StepBatch]:
     """The round's optimizer steps: ``samples`` (admitted, in (partition, offset) order) packed by tokens,
     whole trajectories per batch (:func:`learner.intake.pack_batches`); batch ``i`` trains at optimiser step
@@ -182,7 +183,8 @@ def plan_round(
 
     ``weighting`` (``LearnerSettings.loss_weighting``): with ``"unit"`` each unit's advantage is scaled by the
     batch's mean policy tokens per unit over its own (:func:`unit_weights`), so that in the step's token-mean
-    loss every unit weighs the same, a 20-token answer as much as a 280-token one.
+    loss every unit weighs the same, a 20-token answer as much as a 280-token one. ``min_advantage``
+    (``LearnerSettings.min_advantage``) floors each normalised advantage before that weighting.
     """
     trainable = [sample for sample in samples if sample.agent is None or not sample.agent.frozen]
     steps: list[StepBatch] = []
@@ -193,6 +195,8 @@ def plan_round(
         raw = baseline.advantages(rewards, buckets)
         baseline.update(rewards, buckets)
         normalised = normalise_advantages(torch.tensor(raw, dtype=torch.float64)).tolist()
+        if min_advantage is not None:
+            normalised = [max(a, min_advantage) for a in normalised]
         if weighting == "unit":
             normalised = [a * w for a, w in zip(normalised, unit_weights(units), strict=True)]
         ordered = [sample for unit in units for sample in unit]

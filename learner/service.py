@@ -328,7 +328,9 @@ class Learner:
             shaping=self.settings.shaping(),
             first_step=self.step,
             weighting=self.settings.loss_weighting,
+            min_advantage=self.settings.min_advantage,
         )
+        batches = [batch for _ in range(self.settings.epochs) for batch in batches]  # pass after pass, each its steps
         self.cycle.add_ranges(ranges)
         for sample in accepted:
             self.cycle.sample_ids.append(sample.sample_id)

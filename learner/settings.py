@@ -83,6 +83,14 @@ class LearnerSettings(LiveloopSettings):
     # -- the loss -----------------------------------------------------------------------------
     is_cap: float = Field(default=2.0, gt=0, description="c in the truncated importance weight min(pi/mu, c).")
     clip_eps: float | None = Field(default=None, gt=0, lt=1, description="PPO-style ratio clipping; None = off.")
+    # More than one pass learns more from each sample, as PPO does: live samples are slow to come (a 12-minute agent
+    # demo trains about ten rounds), and the clip keeps each pass near the policy that answered.
+    epochs: int = Field(
+        default=1,
+        ge=1,
+        le=16,
+        description="Passes over each round's batches, each pass its own optimiser steps (needs clip_eps above 1).",
+    )
     # 0 by default: the learner rebases onto the champion after a rejection (learner.lineage), so a candidate is
     # one cycle of training from the champion rather than a drifting line, and a penalty would cost a second
     # copy of the weights and a second forward pass per step. Raise it for long cycles that near the gate's
@@ -95,6 +103,15 @@ class LearnerSettings(LiveloopSettings):
         "checkpoint); 0 = off.",
     )
     baseline_decay: float = Field(default=0.9, ge=0, lt=1, description="Decay of the per-bucket reward EMA.")
+    # A tiny policy's long answers (an orchestrator's 300-byte run of tool calls) garble when failures are pushed
+    # down: the probability taken from a nearly right answer spreads over wrong bytes. Clamped at 0, only answers
+    # better than their bucket's baseline train, each by how much better (filtered, reward-weighted imitation, as
+    # in ReST and RAFT); docs/swarm-learnability.md has the figures.
+    min_advantage: float | None = Field(
+        default=None,
+        le=0,
+        description="Floor of each normalised advantage (0: samples below the baseline do not train); None = off.",
+    )
     # With "token", every policy token of a step weighs the same, so a long answer outvotes a short one: an agent's
     # decision is one token of a 20-token answer and of a 280-token one alike, and the long answer's boilerplate
     # takes most of the step (docs/swarm-learnability.md).
@@ -172,6 +189,15 @@ class LearnerSettings(LiveloopSettings):
     )
 
     @model_validator(mode="after")
+    def _epochs_need_the_clip(self) -> LearnerSettings:
+        if self.epochs > 1 and self.clip_eps is None:
+            raise ValueError(
+                f"epochs {self.epochs} trains each sample {self.epochs} times with nothing to hold the policy near "
+                "the one that answered: set LIVELOOP_LEARNER_CLIP_EPS (0.2 is usual) or epochs 1"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _publishing_needs_both(self) -> LearnerSettings:
         if (self.dsn is None) != (self.mlflow_uri is None):
             raise ValueError(
@@ -222,4 +248,8 @@ class LearnerSettings(LiveloopSettings):
         # existed keep their hash (and a learner resumes from them).
         if self.loss_weighting != "token":
             config["loss_weighting"] = self.loss_weighting
+        if self.epochs != 1:
+            config["epochs"] = self.epochs
+        if self.min_advantage is not None:
+            config["min_advantage"] = self.min_advantage
         return config

@@ -212,6 +212,14 @@ SWARM = Scenario(
         # garbling at most 2 % of the answers; 3e-4 and 5e-4 garbled 9 % and 23 % within 256 samples
         # (docs/swarm-learnability.md, "Each asked item named").
         "LIVELOOP_LEARNER_LR": "2e-4",
+        # Two clipped passes over each round, and only the answers better than their baseline train: offline on
+        # the slower of the two demo bases (seed 1), many-part critical steps fell 15.2 -> 11.9 in 768 samples with
+        # success 0.95 -> 0.94, where one unclipped pass over every answer fell to 13.9 with success 0.92, and two
+        # passes without the floor to 12.8 with success 0.88: pushing failed answers down garbled the right ones
+        # (docs/swarm-learnability.md, "Learning from the better answers").
+        "LIVELOOP_LEARNER_EPOCHS": "2",
+        "LIVELOOP_LEARNER_CLIP_EPS": "0.2",
+        "LIVELOOP_LEARNER_MIN_ADVANTAGE": "0",
         "LIVELOOP_GATE_SUITE_PATH": str(SUITES / "swarm-demo.yaml"),
         # A heavier fake-parallelism guard: at the default weight a 12-minute demo learned to parallelise and to
         # spawn idle sub-agents with it (the spec's header has the figures).

@@ -142,3 +142,26 @@ def test_unit_weighting_is_hashed_into_the_training_config_only_away_from_its_de
     assert LearnerSettings.model_validate({"loss_weighting": "unit"}).training_config()["loss_weighting"] == "unit"
     with pytest.raises(ValidationError):
         LearnerSettings.model_validate({"loss_weighting": "sequence"})
+
+
+def test_the_advantage_floor_trains_only_the_answers_better_than_their_baseline() -> None:
+    samples = [make_sample(n, reward=r) for n, r in enumerate([1.0, 0.0, 0.5, 0.5])]
+    free = plan_round(samples, EmaBaseline(), 100, shaping=NO_SHAPING, first_step=0)[0]
+    floored = plan_round(samples, EmaBaseline(), 100, shaping=NO_SHAPING, first_step=0, min_advantage=0.0)[0]
+    assert min(free.advantages) < 0
+    # Below the baseline an answer trains with weight 0; above it, by as much as without the floor.
+    assert floored.advantages == pytest.approx([max(a, 0.0) for a in free.advantages], abs=1e-6)
+    assert floored.advantages[0] > 0
+    assert floored.advantages[1] == 0.0
+
+
+def test_passes_over_a_round_need_the_clip_and_both_new_settings_are_hashed_only_away_from_their_defaults() -> None:
+    defaults = LearnerSettings().training_config()
+    assert "epochs" not in defaults  # older checkpoints keep their hash
+    assert "min_advantage" not in defaults
+    config = LearnerSettings.model_validate({"epochs": 2, "clip_eps": 0.2, "min_advantage": 0}).training_config()
+    assert (config["epochs"], config["min_advantage"], config["clip_eps"]) == (2, 0.0, 0.2)
+    with pytest.raises(ValidationError, match="LIVELOOP_LEARNER_CLIP_EPS"):
+        LearnerSettings.model_validate({"epochs": 2})
+    with pytest.raises(ValidationError):
+        LearnerSettings.model_validate({"min_advantage": 0.5})  # a floor above 0 would train below-baseline answers

@@ -28,6 +28,9 @@ minutes); results and what they mean are in ``docs/swarm-learnability.md``::
 
 ``--pretrain-only`` stops after measuring the base (to choose ``--pretrain-steps``); ``--load`` with
 ``--pretrain-steps N`` pre-trains N more steps (with a fresh warm-up and cosine schedule) from saved weights.
+``--base-dir`` starts from a demo's base instead (``<state-dir>/base-model``). The swarm demo's learner, as the
+docs' fourth-version table ran it: ``--lr 2e-4 --round 64 --cycle 128 --size-buckets --fake-parallelism-weight -1
+--eval 300 --epochs 2 --clip 0.2 --min-advantage 0``.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from transformers import AutoModelForCausalLM
 
 from learner.baseline import EmaBaseline
 from learner.logprobs import completion_logprobs
@@ -177,17 +181,25 @@ def main() -> None:
         help="One EMA baseline for one-part tasks and one for many-part tasks (as a task_kind per size would).",
     )
     ap.add_argument("--kl-coef", type=float, default=0.0, help="KL penalty to the champion (learner kl_coef).")
+    ap.add_argument("--epochs", type=int, default=1, help="Passes over each round (learner epochs; needs --clip).")
+    ap.add_argument("--clip", type=float, default=None, help="PPO ratio clip (learner clip_eps); none by default.")
+    ap.add_argument(
+        "--min-advantage", type=float, default=None, help="Floor of the normalised advantages (learner min_advantage)."
+    )
+    ap.add_argument("--base-dir", type=Path, help="Start from a demo's base-model folder (no pre-training).")
     a = ap.parse_args()
     torch.set_num_threads(1)
 
     tokenizer = byte_tokenizer()
     reward = RewardConfig(a.fake_parallelism_weight, DEFAULT_SETTINGS)
     started = time.monotonic()
-    behaviour = build_tiny_model(TinyModelSpec(seed=a.seed))
+    behaviour: Any = build_tiny_model(TinyModelSpec(seed=a.seed))
     if a.load is not None:
         behaviour.load_state_dict(torch.load(a.load))
+    if a.base_dir is not None:
+        behaviour = AutoModelForCausalLM.from_pretrained(a.base_dir).eval()  # type: ignore[no-untyped-call]
     losses = [float("nan")]
-    if a.pretrain_steps:
+    if a.pretrain_steps and a.base_dir is None:
         corpus = pretraining_corpus(size=4000, seed=a.seed)
         # 512 bytes: the longest corpus text (a five-part answer with an idle sub-agent) is 484 bytes and its eos.
         losses = pretrain(behaviour, tokenizer, corpus, steps=a.pretrain_steps, seed=a.seed, max_length=512, threads=1)
@@ -204,7 +216,7 @@ def main() -> None:
         return
     policy = copy.deepcopy(behaviour).train()
     optimizer = torch.optim.AdamW(policy.parameters(), lr=a.lr, weight_decay=0.0)
-    baseline, config = EmaBaseline(0.9), LossConfig(is_cap=2.0, kl_coef=a.kl_coef)
+    baseline, config = EmaBaseline(0.9), LossConfig(is_cap=2.0, clip_eps=a.clip, kl_coef=a.kl_coef)
     started = time.monotonic()
     seen, rewards = 0, []
     while seen < a.total:
@@ -218,19 +230,22 @@ def main() -> None:
         raw = baseline.advantages(batch_rewards, buckets)
         baseline.update(batch_rewards, buckets)
         advantages = normalise_advantages(torch.tensor(raw, dtype=torch.float64)).float()
-        logp, valid = completion_logprobs(
-            policy, [encode(tokenizer, p) for p in prompts], [o.token_ids for o in answers]
-        )
-        behaviour_logp = torch.zeros_like(logp)
-        for i, out in enumerate(answers):
-            behaviour_logp[i, : len(out.logprobs)] = torch.tensor(out.logprobs)
-        # The reference of the KL penalty is the champion that sampled the batch, as in the learner's cycle.
-        reference = behaviour_logp if a.kl_coef else None
-        terms = policy_gradient_loss(logp, behaviour_logp, advantages, valid, config, reference)
-        optimizer.zero_grad()
-        terms.loss.backward()  # type: ignore[no-untyped-call]
-        torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
-        optimizer.step()
+        if a.min_advantage is not None:
+            advantages = advantages.clamp(min=a.min_advantage)
+        for _ in range(a.epochs):
+            logp, valid = completion_logprobs(
+                policy, [encode(tokenizer, p) for p in prompts], [o.token_ids for o in answers]
+            )
+            behaviour_logp = torch.zeros_like(logp)
+            for i, out in enumerate(answers):
+                behaviour_logp[i, : len(out.logprobs)] = torch.tensor(out.logprobs)
+            # The reference of the KL penalty is the champion that sampled the batch, as in the learner's cycle.
+            reference = behaviour_logp if a.kl_coef else None
+            terms = policy_gradient_loss(logp, behaviour_logp, advantages, valid, config, reference)
+            optimizer.zero_grad()
+            terms.loss.backward()  # type: ignore[no-untyped-call]
+            torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
+            optimizer.step()
         if seen % a.cycle == 0:
             policy.eval()
             figures, sequences = evaluate(policy, tokenizer, eval_tasks, a)

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from learner.settings import LearnerSettings
 from learner.tiny_model import TinyModelSpec
 from liveloop.demo.agent_report import Estimate, agent_markdown, build_agent_report, figure_specs, judge
 from liveloop.demo.base_model import corpus_fingerprint, pretrained_base, recipe, recipe_key
@@ -157,6 +158,10 @@ def test_every_agent_scenario_names_one_efficiency_figure_to_improve_and_runs_th
         # docs/swarm-learnability.md: 3e-4 went garbled; swarm's base, whose answers come out right, takes 2e-4
         assert float(env["LIVELOOP_LEARNER_LR"]) <= 2e-4, scenario.name
         assert int(env["LIVELOOP_LEARNER_TOKEN_BUDGET"]) >= 64 * scenario.pretraining.max_length
+        # The learner accepts what the scenario sets (swarm's passes need their clip, its advantage floor is <= 0).
+        prefix = "LIVELOOP_LEARNER_"
+        learner = {k.removeprefix(prefix).lower(): v for k, v in env.items() if k.startswith(prefix)}
+        LearnerSettings.model_validate(learner)
         assert scenario.gate_policy.min_distinct_share < 0.5  # a per-task deterministic policy scores 0.5
     assert CODE.profile() is FAST  # the code demo runs exactly as before
 

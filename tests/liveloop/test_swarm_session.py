@@ -61,9 +61,8 @@ def test_each_session_serves_its_decision_and_frozen_subagents_and_posts_the_ver
     assert product.flush(timeout=30)
     tasks = [draw_task(task_rng(SEED, index)) for index in range(len(PLANS))]
     assert [record.mode for record in records] == ["serial", "parallel", "garbled", "parallel", "serial", "parallel"]
-    # Serial answers give catalog prices; a parallel one succeeds unless a sub-agent it used fails (drawn with a task).
-    worked = [not any(part.subagent_fails for part in task.parts) for task in tasks]
-    assert [record.success for record in records] == [True, worked[1], False, worked[3], True, worked[5]]
+    # Serial answers give catalog prices; a parallel one succeeds too (a failed sub-agent's part is redone).
+    assert [record.success for record in records] == [True, True, False, True, True, True]
     assert [record.parts for record in records] == [task.size for task in tasks]
     assert [record.subagent_turns for record in records] == [0, tasks[1].size, 0, tasks[3].size, 0, tasks[5].size + 1]
     assert [record.fake_parallelism for record in records] == [False] * 5 + [True]

@@ -28,11 +28,14 @@ The answer is one line (served with ``stop=["\\n"]``) and its first bytes are th
 - garbled: neither a valid call nor an answer: a failed turn.
 
 Sub-agents are frozen: the simulator answers for them. Every sub-question carries, drawn with the task, the
-steps it takes anyone to work out (2-8 by default) and whether a sub-agent given it fails (5 % by default),
+steps it takes anyone to work out (2-8 by default) and whether a sub-agent given it fails (3 % by default),
 so that :func:`settle` is a pure function of the task and the decision, and a serial and a parallel answer to
 one task are compared on the same draws. The orchestrator working serially pays every sub-question's steps
 one after another; a sub-agent first spends ``spawn_steps`` (2) reading its brief, sub-agents then work side by
-side, and the orchestrator takes one more turn to gather their results. Critical steps (:func:`critical_steps`)
+side, and the orchestrator takes one more turn to gather their results, in which it works out itself, one after
+another, what a failed sub-agent left unanswered (a failure costs time, not the task: an earlier version failed
+the task, so that parallel answers lost success by design, 1 in 7 on five-part tasks, and the loop could not
+learn to parallelise without success falling). Critical steps (:func:`critical_steps`)
 follow Kimi K2.5's PARL: per stage, the orchestrator's steps plus the longest sub-agent's, summed. So serial is
 cheaper on a one-part task by ``spawn_steps + 1`` steps, and parallel is cheaper on every task of
 ``min_many_parts`` (3) parts or more (the settings refuse bounds under which it would not be). Two-part tasks are
@@ -127,7 +130,8 @@ class SwarmSettings(BaseModel):
         default=0.03,
         ge=0,
         le=0.5,
-        description="Chance that a frozen sub-agent given a sub-question fails to return its answer.",
+        description="Chance that a frozen sub-agent given a sub-question fails to return its answer (the "
+        "orchestrator then works it out itself when it gathers, paying its steps on the critical path).",
     )
     step_cost: float = Field(
         default=0.05,
@@ -425,7 +429,8 @@ def settle(task: SwarmTask, decision: Decision, settings: SwarmSettings = DEFAUL
     Pure: the task carries every draw. Stage 0 is the decision turn plus the orchestrator's own work (each of
     its answers costs that sub-question's steps, one after another) beside its sub-agents (each reads its brief,
     ``spawn_steps``, then works its sub-questions one after another; an idle one reads its empty brief too); when
-    it spawned any, stage 1 is one more turn in which it gathers their results.
+    it spawned any, stage 1 is one more turn in which it gathers their results, plus the steps of each sub-question
+    a failed sub-agent left unanswered, which it then works out itself (unless it already answered it).
     """
     given: dict[int, list[SubQuestion]] = {index: [] for index in range(1, decision.spawned + 1)}
     taken: set[str] = set()
@@ -446,14 +451,19 @@ def settle(task: SwarmTask, decision: Decision, settings: SwarmSettings = DEFAUL
         )
         for index, parts in given.items()
     )
-    delivered = {part.key for parts in given.values() for part in parts if not part.subagent_fails}
     own = [(task.part(key), value) for key, value in decision.own_answers]
     own_parts = [(part, value) for part, value in own if part is not None]
-    correct = {part.key for part, value in own_parts if value == part.answer} | delivered
+    answered_itself = {part.key for part, _ in own_parts}
+    # A failed sub-agent's sub-questions come back unanswered; the orchestrator, gathering, works them out itself,
+    # one after another, as it would have serially: a failure costs the critical path, not the task.
+    handed_out = [part for parts in given.values() for part in parts]
+    delivered = {part.key for part in handed_out if not part.subagent_fails}
+    redone = [part for part in handed_out if part.subagent_fails and part.key not in answered_itself]
+    correct = {part.key for part, value in own_parts if value == part.answer} | delivered | {p.key for p in redone}
     own_steps = sum(part.steps for part, _ in own_parts)
     stages: tuple[Stage, ...] = (Stage(1 + own_steps, tuple(run.steps for run in runs if run.steps)),)
     if decision.spawned:
-        stages += (Stage(1),)
+        stages += (Stage(1 + sum(part.steps for part in redone)),)
     helped = any(run.questions for run in runs)
     return SwarmOutcome(
         task=task,
