@@ -89,7 +89,7 @@ class LearnerSettings(LiveloopSettings):
         default=1,
         ge=1,
         le=16,
-        description="Passes over each round's batches, each pass its own optimiser steps (needs clip_eps above 1).",
+        description="Passes over each round's batches, each pass its own optimiser steps (above 1, set clip_eps).",
     )
     # 0 by default: the learner rebases onto the champion after a rejection (learner.lineage), so a candidate is
     # one cycle of training from the champion rather than a drifting line, and a penalty would cost a second

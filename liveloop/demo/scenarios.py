@@ -214,9 +214,9 @@ SWARM = Scenario(
         "LIVELOOP_LEARNER_LR": "2e-4",
         # Two clipped passes over each round, and only the answers better than their baseline train: offline on
         # the slower of the two demo bases (seed 1), many-part critical steps fell 15.2 -> 11.9 in 768 samples with
-        # success 0.95 -> 0.94, where one unclipped pass over every answer fell to 13.9 with success 0.92, and two
-        # passes without the floor to 12.8 with success 0.88: pushing failed answers down garbled the right ones
-        # (docs/swarm-learnability.md, "Learning from the better answers").
+        # success 0.95 -> 0.94, where one pass over every answer fell to 13.9 with success 0.92, and two passes
+        # without the floor to 12.8 with success 0.88: pushing failed answers down garbled the right ones
+        # (docs/swarm-learnability.md, "The fourth version").
         "LIVELOOP_LEARNER_EPOCHS": "2",
         "LIVELOOP_LEARNER_CLIP_EPS": "0.2",
         "LIVELOOP_LEARNER_MIN_ADVANTAGE": "0",
