@@ -193,11 +193,12 @@ def main() -> None:
     tokenizer = byte_tokenizer()
     reward = RewardConfig(a.fake_parallelism_weight, DEFAULT_SETTINGS)
     started = time.monotonic()
-    behaviour: Any = build_tiny_model(TinyModelSpec(seed=a.seed))
-    if a.load is not None:
-        behaviour.load_state_dict(torch.load(a.load))
     if a.base_dir is not None:
-        behaviour = AutoModelForCausalLM.from_pretrained(a.base_dir).eval()  # type: ignore[no-untyped-call]
+        behaviour: Any = AutoModelForCausalLM.from_pretrained(a.base_dir).eval()  # type: ignore[no-untyped-call]
+    else:
+        behaviour = build_tiny_model(TinyModelSpec(seed=a.seed))
+        if a.load is not None:
+            behaviour.load_state_dict(torch.load(a.load))
     losses = [float("nan")]
     if a.pretrain_steps and a.base_dir is None:
         corpus = pretraining_corpus(size=4000, seed=a.seed)
