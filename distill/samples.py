@@ -84,8 +84,9 @@ class AgentCredit(BaseModel):
     Every trainable turn of a trajectory gets a sample with the same trajectory-level figures: the learner
     groups them by ``trajectory_id`` (one unit for advantages, batch packing and the step count) and adds the
     annealed shaping terms ``lambda_parallel(t) * r_parallel + lambda_finish(t) * r_finish`` to the sample's
-    ``reward``. ``reward`` itself (performance and the guards' penalties, see ``components``) is all the gate
-    and promotion judge. Summary turns are trainable: the final reward reaches the tokens that chose what to keep.
+    ``reward``. ``reward`` itself (performance and the guards' penalties, see ``components``; plus the turn's own
+    check where the spec weighs one, :mod:`distill.trajectory`) is all the gate and promotion judge. Summary turns
+    are trainable: the final reward reaches the tokens that chose what to keep.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)

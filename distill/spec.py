@@ -146,6 +146,13 @@ class AgentWeights(SpecModel):
     serial_collapse: float = Field(le=0, description="An orchestrator that spawned nothing yet took many steps.")
     fake_parallelism: float = Field(le=0, description="Times the share of sub-agents idle or unfinished.")
     timed_out: float = Field(le=0, description="No outcome came in time (performance then counts as 0).")
+    turn_check: float = Field(
+        default=0.0,
+        ge=0,
+        le=2,
+        description="Times the pass share of a turn's own check (its last tests.result), added to that turn's "
+        "reward alone; 0 (the default) credits every turn with the trajectory's reward only.",
+    )
 
 
 class AgentParams(SpecModel):
@@ -208,11 +215,13 @@ class RewardSpec(SpecModel):
                 )
         if self.agent is not None:
             agent = self.agent.weights
-            if agent.performance + agent.invalid_tool_call >= high:
+            best_turn = agent.performance + agent.turn_check
+            if best_turn + agent.invalid_tool_call >= high:
                 raise ValueError(
-                    f"agent: a perfect trajectory with one invalid tool call scores {agent.performance} + "
-                    f"{agent.invalid_tool_call}, not below clip's upper bound {high}, so clipping would hide the "
-                    "penalty; lower agent.weights.performance or make agent.weights.invalid_tool_call more negative"
+                    f"agent: a perfect turn with one invalid tool call scores {agent.performance} + "
+                    f"{agent.turn_check} + {agent.invalid_tool_call}, not below clip's upper bound {high}, so "
+                    "clipping would hide the penalty; lower agent.weights.performance or turn_check, or make "
+                    "agent.weights.invalid_tool_call more negative"
                 )
         return self
 
@@ -242,6 +251,8 @@ class RewardSpec(SpecModel):
         data = self.model_dump(mode="json")
         if data["agent"] is None:
             del data["agent"]  # specs from before agent trajectories keep their hashes (and so their sample ids)
+        elif data["agent"]["weights"]["turn_check"] == 0:
+            del data["agent"]["weights"]["turn_check"]  # likewise agent specs from before per-turn checks
         return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode()
 
     @property

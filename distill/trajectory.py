@@ -31,6 +31,11 @@ Per trajectory (weights and parameters from :class:`distill.spec.AgentSpec`):
 One sample per trainable turn (not frozen; summary turns are trainable), with the trajectory's reward,
 its own mask (:func:`distill.samples.loss_mask_for`: non-policy spans masked), its own deferral and
 invalid-call count, and :class:`distill.samples.AgentCredit`.
+
+A turn the product checked on its own (a ``tests.result`` naming the turn's generation: a summary's facts against
+the context it summarised, a patch's tests) adds ``turn_check * passed / (passed + failed)`` of its last such check
+to its own sample's components and reward, with a ``turn_check`` weight above 0. One reward for the whole
+trajectory cannot say which of several summaries kept the facts; the turn's own check can.
 """
 
 from __future__ import annotations
@@ -44,7 +49,7 @@ from distill.errors import DistillError, PrivacyModeEvent
 from distill.reward import count_invalid_tool_calls, counted_feedback, is_deferral, served_sample
 from distill.samples import AgentCredit, FinalisedBy, Sample
 from distill.spec import AgentSpec, RewardSpec
-from ingest.events import EventBase, GenerationEvent, ToolResultEvent, TrajectoryOutcomeEvent
+from ingest.events import EventBase, GenerationEvent, TestsResultEvent, ToolResultEvent, TrajectoryOutcomeEvent
 from ingest.payloads import GenerationPayload, TurnPlace
 
 CREATE_SUBAGENT = "create_subagent"
@@ -252,12 +257,13 @@ def trajectory_samples(
         sources = {event.event_id, *(e.event_id for e in counted)}
         if outcome is not None:
             sources.add(outcome.event_id)
+        reward, components = _turn_reward(credit, counted, spec)
         samples.append(
             served_sample(
                 event,
                 spec,
-                reward=credit.reward,
-                components=credit.components,
+                reward=reward,
+                components=components,
                 sources=sources,
                 finalised_by=credit.finalised_by,
                 deferral=deferral,
@@ -267,6 +273,30 @@ def trajectory_samples(
             )
         )
     return credit, samples
+
+
+def turn_check(counted: Iterable[EventBase]) -> float | None:
+    """The pass share of the turn's last check (``tests.result``) among its counted feedback; ``None`` without one
+    or when it checked nothing (no test passed or failed)."""
+    checks = [e for e in counted if isinstance(e, TestsResultEvent)]
+    if not checks:
+        return None
+    last = max(checks, key=lambda e: (e.ts, e.event_id)).payload
+    total = last.passed + last.failed
+    return last.passed / total if total else None
+
+
+def _turn_reward(
+    credit: TrajectoryCredit, counted: Iterable[EventBase], spec: RewardSpec
+) -> tuple[float, dict[str, float]]:
+    """The turn's reward and components: the trajectory's, plus its own check where the spec weighs one."""
+    weight = _agent_spec(spec).weights.turn_check
+    share = turn_check(counted) if weight else None
+    if share is None:
+        return credit.reward, credit.components
+    components = dict(sorted({**credit.components, "turn_check": weight * share + 0.0}.items()))
+    low, high = spec.clip
+    return min(max(math.fsum(components.values()), low), high) + 0.0, components
 
 
 def _agent_credit(

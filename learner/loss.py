@@ -67,15 +67,26 @@ def truncated_importance_weights(logp: torch.Tensor, behaviour_logp: torch.Tenso
     return torch.clamp(importance_ratio(logp, behaviour_logp), max=cap).detach()
 
 
-def normalise_advantages(advantages: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+def normalise_advantages(
+    advantages: torch.Tensor, eps: float = 1e-6, weights: torch.Tensor | None = None
+) -> torch.Tensor:
     """``(a - mean) / (std + eps)`` over the batch, population std; a batch of one (or none) gives zeros.
 
     A single sample has no batch to be compared with, so it carries no signal after normalisation.
+    ``weights`` (one per advantage, positive) weigh the mean and the std: the learner gives each sample of a
+    trajectory ``1 / its turns``, so that every trajectory counts once, whatever its length. The batch's size
+    is then the weights' sum: under 1.5 (one trajectory) gives zeros too.
     """
-    if advantages.numel() <= 1:
+    if weights is None:
+        if advantages.numel() <= 1:
+            return torch.zeros_like(advantages)
+        centred = advantages - advantages.mean()
+        return centred / (advantages.std(unbiased=False) + eps)
+    total = weights.sum()
+    if advantages.numel() <= 1 or total < 1.5:
         return torch.zeros_like(advantages)
-    centred = advantages - advantages.mean()
-    return centred / (advantages.std(unbiased=False) + eps)
+    centred = advantages - (weights * advantages).sum() / total
+    return centred / (torch.sqrt((weights * centred**2).sum() / total) + eps)
 
 
 def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:

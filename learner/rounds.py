@@ -18,6 +18,8 @@ started training, and its records are simply read again live.
 
 from __future__ import annotations
 
+import itertools
+import math
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -173,13 +175,14 @@ def plan_round(
     whole trajectories per batch (:func:`learner.intake.pack_batches`); batch ``i`` trains at optimiser step
     ``first_step + i``.
 
-    Per batch, each unit (a trajectory, or a single-turn sample: :func:`learner.intake.training_units`) gets
-    one advantage: its reward shaped at that step (:meth:`ShapingSchedule.shaped_reward`; a trajectory's
-    samples carry the same trajectory-level figures, its first sample's are used) against the baseline before
-    the batch updates it, then normalised over the batch's units, not its turns, so a 30-turn trajectory
-    weighs in the mean and std once, as one rollout. Every sample of a unit trains with its unit's advantage.
-    The baseline is updated once per unit, in place. A frozen agent's sample (intake drops them) is left out
-    here too: it must never train, nor move the statistics of those that do.
+    Per batch, each sample's advantage is its reward shaped at that step (:meth:`ShapingSchedule.shaped_reward`)
+    against its unit's baseline (a unit: a trajectory, or a single-turn sample,
+    :func:`learner.intake.training_units`) before the batch updates it, then normalised with each sample weighing
+    ``1 / its unit's samples``, so a 30-turn trajectory weighs in the mean and std once, as one rollout. A
+    trajectory's turns share its reward, and so one advantage, unless a turn's own check added to its reward
+    (``turn_check``, :mod:`distill.trajectory`). The baseline is updated once per unit, with the unit's mean
+    reward, in place. A frozen agent's sample (intake drops them) is left out here too: it must never train, nor
+    move the statistics of those that do.
 
     ``weighting`` (``LearnerSettings.loss_weighting``): with ``"unit"`` each unit's advantage is scaled by the
     batch's mean policy tokens per unit over its own (:func:`unit_weights`), so that in the step's token-mean
@@ -190,24 +193,29 @@ def plan_round(
     steps: list[StepBatch] = []
     for index, batch in enumerate(pack_batches(trainable, token_budget)):
         units = training_units(batch)
-        rewards = [shaping.shaped_reward(unit[0], first_step + index) for unit in units]
-        buckets = [bucket_of(unit[0]) for unit in units]
-        raw = baseline.advantages(rewards, buckets)
-        baseline.update(rewards, buckets)
-        normalised = normalise_advantages(torch.tensor(raw, dtype=torch.float64)).tolist()
-        if min_advantage is not None:
-            normalised = [max(a, min_advantage) for a in normalised]
-        if weighting == "unit":
-            normalised = [a * w for a, w in zip(normalised, unit_weights(units), strict=True)]
         ordered = [sample for unit in units for sample in unit]
-        advantages = [float(a) for unit, a in zip(units, normalised, strict=True) for _ in unit]
+        rewards = [shaping.shaped_reward(sample, first_step + index) for sample in ordered]
+        unit_buckets = [bucket_of(unit[0]) for unit in units]
+        buckets = [bucket for unit, bucket in zip(units, unit_buckets, strict=True) for _ in unit]
+        raw = baseline.advantages(rewards, buckets)
+        shares = [1.0 / len(unit) for unit in units for _ in unit]
+        starts = [0, *itertools.accumulate(len(unit) for unit in units)]
+        unit_means = [math.fsum(rewards[start:end]) / (end - start) for start, end in itertools.pairwise(starts)]
+        baseline.update(unit_means, unit_buckets)
+        weights = torch.tensor(shares, dtype=torch.float64)
+        advantages = normalise_advantages(torch.tensor(raw, dtype=torch.float64), weights=weights).tolist()
+        if min_advantage is not None:
+            advantages = [max(a, min_advantage) for a in advantages]
+        if weighting == "unit":
+            scales = [w for unit, w in zip(units, unit_weights(units), strict=True) for _ in unit]
+            advantages = [a * w for a, w in zip(advantages, scales, strict=True)]
         steps.append(
             StepBatch(
                 prompt_ids=[list(s.prompt_token_ids or ()) for s in ordered],
                 completion_ids=[list(s.completion_token_ids or ()) for s in ordered],
                 behaviour_logprobs=[list(s.behaviour_logprobs or ()) for s in ordered],
                 loss_mask=[list(s.loss_mask or ()) for s in ordered],
-                advantages=advantages,
+                advantages=[float(a) for a in advantages],
             )
         )
     return steps

@@ -246,9 +246,15 @@ SUMMARY = Scenario(
     pretraining=Pretraining(corpus=summary_corpus, steps=2400, max_length=384),  # longest corpus text: 359 bytes
     environment={
         **AGENT_LEARNER,
+        # Swarm's learner settings (two clipped passes, only the answers better than their baseline train): the
+        # summary runs that kept more facts across a boundary all ran with them (docs/agent-learnability.md).
+        "LIVELOOP_LEARNER_EPOCHS": "2",
+        "LIVELOOP_LEARNER_CLIP_EPS": "0.2",
+        "LIVELOOP_LEARNER_MIN_ADVANTAGE": "0",
         "LIVELOOP_GATE_SUITE_PATH": str(SUITES / "summary-demo.yaml"),
-        # A lighter invalid tool call, the charge for each made-up fact: at the default a 12-minute demo learned
-        # to write next to nothing (the spec's header has the figures).
+        # Each summary's own check, credited to its turn alone, and a lighter invalid tool call, the charge for each
+        # made-up fact: at the default a 12-minute demo learned to write next to nothing (the spec's header has the
+        # figures).
         "LIVELOOP_DISTILL_SPEC_PATH": str(REWARD_SPECS / "summary-demo.yaml"),
     },
     gate_policy=AGENT_GATE_POLICY,

@@ -129,6 +129,10 @@ class Tree:
         payload = {"generation_id": turn_id, "tool": tool, "valid": valid, "call_index": call_index}
         self._envelope("tool.result", payload)
 
+    def tests_result(self, turn_id: str, *, passed: int, failed: int) -> None:
+        """Add the product's own check of one turn (``tests.result``)."""
+        self._envelope("tests.result", {"generation_id": turn_id, "passed": passed, "failed": failed})
+
     def outcome(
         self,
         success: bool = True,

@@ -78,6 +78,41 @@ def test_two_summary_boundaries_credit_the_summary_turns_and_mask_the_summaries(
     assert {s.reward for s in samples} == {1.0}
 
 
+def with_turn_check(weight: float, spec: RewardSpec = SPEC) -> RewardSpec:
+    assert spec.agent is not None
+    weights = spec.agent.weights.model_copy(update={"turn_check": weight})
+    return spec.model_copy(update={"agent": spec.agent.model_copy(update={"weights": weights})})
+
+
+def test_a_summary_turns_own_check_adds_to_its_reward_alone() -> None:
+    tree, turns = summary_tree()
+    tree.tests_result(turns[1], passed=3, failed=1)  # the first summary kept 3 of its checks
+    tree.tests_result(turns[3], passed=0, failed=2)  # the second lost both
+    tree.tests_result(turns[3], passed=1, failed=1)  # a later check of the same turn replaces it
+    tree.tests_result(turns[4], passed=0, failed=0)  # checked nothing: no part of its reward
+    spec = with_turn_check(0.5)
+    credit, samples = run(tree, spec)
+    assert credit.reward == 1.0  # the trajectory's own figures do not change
+    assert [s.reward for s in samples] == [1.0, 1.0 + 0.5 * 3 / 4, 1.0, 1.0 + 0.5 * 1 / 2, 1.0]
+    assert samples[1].components == {"performance": 1.0, "turn_check": 0.375}
+    assert samples[0].components == credit.components
+    assert {s.agent.trajectory_id for s in samples if s.agent} == {credit.trajectory_id}
+
+
+def test_a_turn_check_counts_nothing_at_weight_0_and_is_clipped() -> None:
+    tree, turns = summary_tree()
+    tree.tests_result(turns[1], passed=1, failed=0)
+    assert {s.reward for s in run(tree)[1]} == {1.0}  # the default spec's weight is 0
+    assert "turn_check" not in SPEC.canonical_json().decode()  # and leaves agent specs' hashes as they were
+    spec = with_turn_check(2.0).model_copy(update={"clip": (-3.0, 2.8)})
+    rewards = [s.reward for s in run(tree, spec)[1]]
+    assert rewards[1] == 2.8  # 1.0 + 2.0, clipped
+    assert min(rewards) == 1.0
+    # A perfect checked turn (3.0) with one invalid call (-0.5) must stay below the upper bound.
+    with pytest.raises(ValueError, match="clipping would hide the penalty"):
+        RewardSpec.model_validate({**spec.model_dump(), "clip": (-3.0, 2.5)})
+
+
 def test_pruned_search_over_budget() -> None:
     tree, turns = pruned_search_tree()
     credit, samples = run(tree)

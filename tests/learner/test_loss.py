@@ -219,6 +219,12 @@ def test_normalise_advantages() -> None:
     assert normalise_advantages(torch.tensor([5.0])).tolist() == [0.0]
     # Equal advantages carry no signal: zeros, not nan.
     assert normalise_advantages(torch.tensor([2.0, 2.0])).tolist() == [0.0, 0.0]
+    # Weighted: three samples of weight 1/3 count as one against the fourth; one unit's worth gives zeros.
+    values = torch.tensor([1.0, 1.0, 1.0, 3.0], dtype=torch.float64)
+    weighted = normalise_advantages(values, weights=torch.tensor([1 / 3, 1 / 3, 1 / 3, 1.0], dtype=torch.float64))
+    assert weighted.tolist() == pytest.approx([-1.0, -1.0, -1.0, 1.0], abs=1e-5)
+    one_unit = torch.tensor([0.5, 0.5], dtype=torch.float64)
+    assert normalise_advantages(values[:2] + torch.tensor([0.0, 1.0]), weights=one_unit).tolist() == [0.0, 0.0]
 
 
 def test_kl_penalty_values() -> None:

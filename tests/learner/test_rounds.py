@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from learner.baseline import EmaBaseline
+from learner.baseline import EmaBaseline, bucket_of
 from learner.manifest import OffsetRange
 from learner.rounds import (
     JOURNAL_FILE,
@@ -134,6 +134,23 @@ def test_unit_weighting_gives_every_unit_the_same_share_of_the_step_loss() -> No
     silent = make_sample(5, loss_mask=[0, 0])  # no policy token: it trains nothing, and moves no one's weight
     assert unit_weights([turns, [long], [silent]]) == [1.5, 0.75, 0.0]
     assert unit_weights([[silent]]) == [0.0]
+
+
+def test_a_turns_own_check_moves_its_advantage_and_the_trajectory_still_weighs_once() -> None:
+    # Trajectory 7: two turns sharing reward 1.0, the second checked on its own (+1.0); a single-turn sample at 0.
+    turns = [make_agent_sample(n, 7, n, 2, reward=r) for n, r in ((1, 1.0), (2, 2.0))]
+    single = make_sample(3, reward=0.0)
+    baseline = EmaBaseline()
+    step = plan_round([*turns, single], baseline, 100, shaping=NO_SHAPING, first_step=0)[0]
+    # Each turn weighs 1/2: mean (0.5 * 1 + 0.5 * 2 + 0) / 2 = 0.75, population variance 0.6875.
+    std = 0.6875**0.5 + 1e-6
+    assert step.advantages == pytest.approx([0.25 / std, 1.25 / std, -0.75 / std], abs=1e-9)
+    # The baseline takes the trajectory's mean reward, once.
+    assert baseline.value(bucket_of(turns[0])) == 1.5
+    # Turns sharing their reward share the advantage the trajectory had before per-turn checks.
+    shared = [make_agent_sample(n, 8, n, 2, reward=1.0) for n in (4, 5)]
+    plain = plan_round([*shared, single], EmaBaseline(), 100, shaping=NO_SHAPING, first_step=0)[0]
+    assert plain.advantages == pytest.approx([1.0, 1.0, -1.0], abs=1e-5)
 
 
 def test_unit_weighting_is_hashed_into_the_training_config_only_away_from_its_default() -> None:

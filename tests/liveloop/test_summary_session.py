@@ -22,6 +22,7 @@ from distill.trajectory import trajectory_samples
 from infra.stack import Endpoints
 from ingest.events import GenerationEvent, TrajectoryOutcomeEvent, parse_event
 from liveloop.cli import app
+from liveloop.demo.scenarios import REWARD_SPECS
 from liveloop.demo.simulator.summaries import (
     CATALOG,
     SummaryOutcome,
@@ -38,6 +39,7 @@ from liveloop.demo.simulator.summary_session import (
     SummaryRecord,
     SummaryTally,
     run_summary_session,
+    summary_check,
     ungrounded_facts,
 )
 from liveloop.demo.simulator.transport import GatewayClient
@@ -103,8 +105,12 @@ def test_each_session_serves_its_summaries_and_a_closing_turn_and_posts_the_veri
     assert all(summary.garbled for summary in records[3].outcome.summaries)
     assert all(len(summary.made_up) == 1 for summary in records[4].outcome.summaries)
     assert [_ungrounded(record) for record in records[:4]] == [0, 0, 0, 0]  # only the invented facts are reported
-    # start, outcome, end, the served turns, and a failed action per fact a summary wrote its context did not hold
-    count = sum(3 + record.served_turns + _ungrounded(record) for record in records)
+    # The product's own check: a summary keeping every fact passes on each; one that made a fact up fails on all.
+    assert all(summary_check(s) == (len(s.held), 0) for record in keep for s in record.outcome.summaries)
+    assert all(summary_check(s) == (0, len(s.held) + 1) for s in records[4].outcome.summaries)
+    # start, outcome, end, the served turns, a check per summary that had facts to check, and a failed action per
+    # fact a summary wrote that its context did not hold
+    count = sum(3 + record.served_turns + _checked(record) + _ungrounded(record) for record in records)
     by_session: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for event in read_events(endpoints.kafka_bootstrap, gateway.topic, count):
         by_session[event["session_id"]].append(event)
@@ -115,6 +121,10 @@ def test_each_session_serves_its_summaries_and_a_closing_turn_and_posts_the_veri
 
 def _ungrounded(record: SummaryRecord) -> int:
     return sum(len(ungrounded_facts(summary)) for summary in record.outcome.summaries)
+
+
+def _checked(record: SummaryRecord) -> int:
+    return sum(1 for summary in record.outcome.summaries if sum(summary_check(summary)))
 
 
 def _check_session(events: list[dict[str, Any]], record: SummaryRecord) -> None:
@@ -154,6 +164,21 @@ def _check_session(events: list[dict[str, Any]], record: SummaryRecord) -> None:
     summary_turns = {turn["generation_id"] for turn in chain[:-1]}
     assert {result["generation_id"] for result in failed} <= summary_turns
     assert credit.guards["invalid_tool_call"] == _ungrounded(record)
+    # Each summary's own check (kept facts pass; lost and made-up ones fail) names its turn, and under the summary
+    # demo's spec adds its pass share to that turn's reward alone.
+    checks = {e["payload"]["generation_id"]: e["payload"] for e in events if e["type"] == "tests.result"}
+    expected = {
+        turn["generation_id"]: summary_check(summary)
+        for turn, summary in zip(chain, summaries, strict=False)
+        if sum(summary_check(summary))
+    }
+    assert {turn: (check["passed"], check["failed"]) for turn, check in checks.items()} == expected
+    demo_spec = load_spec(REWARD_SPECS / "summary-demo.yaml")
+    demo_credit, demo_samples = trajectory_samples(generations, parsed, final, demo_spec)
+    for sample in demo_samples:
+        kept, dropped = expected.get(str(sample.generation_id), (0, 0))
+        share = kept / (kept + dropped) if kept + dropped else 0.0
+        assert sample.reward == pytest.approx(demo_credit.reward + share)
 
 
 def test_liveloop_simulate_runs_summary_sessions_and_sums_them_up_by_version(
@@ -170,7 +195,8 @@ def test_liveloop_simulate_runs_summary_sessions_and_sums_them_up_by_version(
     assert (summary.sessions, summary.sessions_by_profile, summary.request_errors) == (5, {"summary": 5}, 0)
     ends = {"session.started": 5, "trajectory.outcome": 5, "session.ended": 5}
     invented = len(_expected(PLANS.index("invent")).summaries)  # one invented fact a summary
-    assert summary.events == {**ends, "tool.result": invented}
+    checks = sum(_checked(SummaryRecord(1, _expected(i), 0)) for i in range(len(PLANS)))
+    assert summary.events == {**ends, "tool.result": invented, "tests.result": checks}
     assert summary.requests == len(_script())  # every summary and every closing turn
     [version] = summary.agents
     tally = SummaryTally()

@@ -14,8 +14,8 @@ from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID, uuid4
 
-from ingest.events import SessionEndedEvent, SessionStartedEvent, ToolResultEvent
-from ingest.payloads import SessionEndedPayload, SessionStartedPayload, ToolResultPayload
+from ingest.events import SessionEndedEvent, SessionStartedEvent, TestsResultEvent, ToolResultEvent
+from ingest.payloads import SessionEndedPayload, SessionStartedPayload, TestsResultPayload, ToolResultPayload
 from liveloop.demo.simulator.feedback import Envelope
 from liveloop.demo.simulator.session import EventSink
 
@@ -55,6 +55,16 @@ def end_session(sink: EventSink, session: AgentSession) -> None:
     """Close the session: ``session.ended``, after its outcome."""
     ended = SessionEndedPayload(reason="done")
     sink.emit(SessionEndedEvent(**session.envelope.fields(datetime.now(UTC)), payload=ended))  # type: ignore[arg-type]
+
+
+def turn_check_event(
+    envelope: Envelope, generation_id: UUID, ts: datetime, *, passed: int, failed: int
+) -> TestsResultEvent:
+    """The ``tests.result`` the product sends for its own check of one turn's output: ``passed`` of its checks held,
+    ``failed`` did not. The distiller adds ``turn_check`` times the pass share to that turn's reward alone
+    (:mod:`distill.trajectory`)."""
+    payload = TestsResultPayload(generation_id=generation_id, passed=passed, failed=failed)
+    return TestsResultEvent(**envelope.fields(ts), payload=payload)  # type: ignore[arg-type]
 
 
 def failed_action_event(

@@ -10,7 +10,8 @@ surfaces: the gateway (``/v1/completions``, the official ``openai`` client) and 
 3. the session's closing turn, on the context the last summary formed (boundary ``summary``, parent the last
    summary's turn, one token), so that the distiller marks the last summary a summary turn like the others (see
    :func:`~liveloop.demo.simulator.summaries.turn_plan`);
-4. every fact a summary wrote that its context did not hold
+4. the product's check of each summary against the context it summarised (:func:`summary_check`), posted as that
+   summary turn's own ``tests.result``; and every fact a summary wrote that its context did not hold
    (:attr:`~liveloop.demo.simulator.summaries.SummaryRead.made_up`) the product reports as a failed action of that
    summary's turn (:func:`ungrounded_facts`);
 5. the verified outcome (:func:`~liveloop.demo.simulator.summaries.outcome_event`: every question answered right
@@ -27,7 +28,7 @@ from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
-from liveloop.demo.simulator.agent_session import end_session, failed_action_event, start_session
+from liveloop.demo.simulator.agent_session import end_session, failed_action_event, start_session, turn_check_event
 from liveloop.demo.simulator.session import EventSink
 from liveloop.demo.simulator.stats import rate_figure
 from liveloop.demo.simulator.summaries import (
@@ -121,6 +122,12 @@ def run_summary_session(
         # The closing turn: the last summary becomes a summary turn (see summaries.turn_plan).
         serve(outcome.final_context, "summary", len(generation_ids) - 1, CLOSING_TOKENS)
         for generation_id, summary in zip(generation_ids, outcome.summaries, strict=False):  # the closing turn last
+            kept, dropped = summary_check(summary)
+            if kept + dropped:
+                checked = turn_check_event(
+                    session.envelope, UUID(generation_id), datetime.now(UTC), passed=kept, failed=dropped
+                )
+                sink.emit(checked)
             for error in ungrounded_facts(summary):
                 failed = failed_action_event(
                     session.envelope, UUID(generation_id), datetime.now(UTC), tool=SUMMARY_TOOL, error=error
@@ -129,6 +136,21 @@ def run_summary_session(
         sink.emit(outcome_event(session.envelope, session.trajectory_id, outcome, datetime.now(UTC)))
     end_session(sink, session)
     return SummaryRecord(policy_version=versions[0] if versions else None, outcome=outcome, served_turns=len(versions))
+
+
+def summary_check(summary: SummaryRead) -> tuple[int, int]:
+    """The product's check of one summary against the context it summarised, as (passed, failed).
+
+    A summary that wrote no fact its context did not hold passes on each fact it kept and fails on each it lost: its
+    pass share is the share of held facts it kept. A summary that made up a fact is not trusted: every fact it wrote
+    or should have fails. Posted as the summary turn's own check
+    (:func:`~liveloop.demo.simulator.agent_session.turn_check_event`), it credits each summary with what it kept,
+    where the session's one outcome cannot say which summary lost a fact. Made-up facts cost the whole check: when
+    they only lowered the share (kept over held and made up together), a 12-minute demo kept more facts and made up
+    more too, since writing more facts gained more than a made-up one cost (docs/agent-learnability.md)."""
+    if summary.made_up:
+        return 0, len(summary.held) + len(summary.made_up)
+    return len(summary.kept), len(summary.lost)
 
 
 def ungrounded_facts(summary: SummaryRead) -> list[str]:
