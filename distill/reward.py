@@ -56,7 +56,7 @@ from ingest.events import (
     ToolResultEvent,
     event_to_json,
 )
-from ingest.payloads import GenerationPayload
+from ingest.payloads import GenerationPayload, TestsResultPayload
 
 LATE_FEEDBACK_COUNTER = "liveloop_distill_late_feedback_total"
 """Counter the streaming app increments for each feedback event :func:`is_late` rejects."""
@@ -210,9 +210,8 @@ def _components(feedback: list[Feedback], invalid: int, deferral: bool, spec: Re
     if ratings:
         up = max(ratings, key=_order).payload.thumbs == "up"
         parts["rating_up" if up else "rating_down"] = w.rating_up if up else w.rating_down
-    runs = [e for e in feedback if isinstance(e, TestsResultEvent)]
-    if runs:
-        run = max(runs, key=_order).payload
+    run = last_tests_run(feedback)
+    if run is not None:
         total = run.passed + run.failed
         if total:
             parts["tests_passed"] = w.tests_passed * (run.passed / total)
@@ -225,6 +224,12 @@ def _components(feedback: list[Feedback], invalid: int, deferral: bool, spec: Re
         parts["deferral"] = w.deferral
     # Adding 0.0 turns -0.0 (e.g. -0.5 * 0/4) into 0.0, so that equal rewards serialise equally.
     return {name: parts[name] + 0.0 for name in sorted(parts)}
+
+
+def last_tests_run(feedback: Iterable[EventBase]) -> TestsResultPayload | None:
+    """The last ``tests.result`` among the feedback (by ``(ts, event_id)``), the run that counts; ``None`` if none."""
+    runs = [e for e in feedback if isinstance(e, TestsResultEvent)]
+    return max(runs, key=_order).payload if runs else None
 
 
 def _order(event: Feedback) -> tuple[datetime, UUID]:

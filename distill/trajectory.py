@@ -46,10 +46,10 @@ from dataclasses import dataclass
 from uuid import UUID
 
 from distill.errors import DistillError, PrivacyModeEvent
-from distill.reward import count_invalid_tool_calls, counted_feedback, is_deferral, served_sample
+from distill.reward import count_invalid_tool_calls, counted_feedback, is_deferral, last_tests_run, served_sample
 from distill.samples import AgentCredit, FinalisedBy, Sample
 from distill.spec import AgentSpec, RewardSpec
-from ingest.events import EventBase, GenerationEvent, TestsResultEvent, ToolResultEvent, TrajectoryOutcomeEvent
+from ingest.events import EventBase, GenerationEvent, ToolResultEvent, TrajectoryOutcomeEvent
 from ingest.payloads import GenerationPayload, TurnPlace
 
 CREATE_SUBAGENT = "create_subagent"
@@ -278,10 +278,9 @@ def trajectory_samples(
 def turn_check(counted: Iterable[EventBase]) -> float | None:
     """The pass share of the turn's last check (``tests.result``) among its counted feedback; ``None`` without one
     or when it checked nothing (no test passed or failed)."""
-    checks = [e for e in counted if isinstance(e, TestsResultEvent)]
-    if not checks:
+    last = last_tests_run(counted)
+    if last is None:
         return None
-    last = max(checks, key=lambda e: (e.ts, e.event_id)).payload
     total = last.passed + last.failed
     return last.passed / total if total else None
 

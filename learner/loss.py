@@ -75,15 +75,12 @@ def normalise_advantages(
     A single sample has no batch to be compared with, so it carries no signal after normalisation.
     ``weights`` (one per advantage, positive) weigh the mean and the std: the learner gives each sample of a
     trajectory ``1 / its turns``, so that every trajectory counts once, whatever its length. The batch's size
-    is then the weights' sum: under 1.5 (one trajectory) gives zeros too.
+    is then the weights' sum: under 1.5 (one trajectory, or one sample unweighted) gives zeros too.
     """
     if weights is None:
-        if advantages.numel() <= 1:
-            return torch.zeros_like(advantages)
-        centred = advantages - advantages.mean()
-        return centred / (advantages.std(unbiased=False) + eps)
+        weights = torch.ones_like(advantages)
     total = weights.sum()
-    if advantages.numel() <= 1 or total < 1.5:
+    if total < 1.5:
         return torch.zeros_like(advantages)
     centred = advantages - (weights * advantages).sum() / total
     return centred / (torch.sqrt((weights * centred**2).sum() / total) + eps)

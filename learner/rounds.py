@@ -18,7 +18,6 @@ started training, and its records are simply read again live.
 
 from __future__ import annotations
 
-import itertools
 import math
 import os
 from collections.abc import Sequence
@@ -194,15 +193,14 @@ def plan_round(
     for index, batch in enumerate(pack_batches(trainable, token_budget)):
         units = training_units(batch)
         ordered = [sample for unit in units for sample in unit]
-        rewards = [shaping.shaped_reward(sample, first_step + index) for sample in ordered]
+        by_unit = [[shaping.shaped_reward(sample, first_step + index) for sample in unit] for unit in units]
         unit_buckets = [bucket_of(unit[0]) for unit in units]
-        buckets = [bucket for unit, bucket in zip(units, unit_buckets, strict=True) for _ in unit]
-        raw = baseline.advantages(rewards, buckets)
-        shares = [1.0 / len(unit) for unit in units for _ in unit]
-        starts = [0, *itertools.accumulate(len(unit) for unit in units)]
-        unit_means = [math.fsum(rewards[start:end]) / (end - start) for start, end in itertools.pairwise(starts)]
-        baseline.update(unit_means, unit_buckets)
-        weights = torch.tensor(shares, dtype=torch.float64)
+        raw = baseline.advantages(
+            [reward for rewards in by_unit for reward in rewards],
+            [bucket for unit, bucket in zip(units, unit_buckets, strict=True) for _ in unit],
+        )
+        baseline.update([math.fsum(rewards) / len(rewards) for rewards in by_unit], unit_buckets)
+        weights = torch.tensor([1.0 / len(unit) for unit in units for _ in unit], dtype=torch.float64)
         advantages = normalise_advantages(torch.tensor(raw, dtype=torch.float64), weights=weights).tolist()
         if min_advantage is not None:
             advantages = [max(a, min_advantage) for a in advantages]
