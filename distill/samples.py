@@ -46,8 +46,9 @@ from distill.errors import InvalidSample, MisalignedTrajectory
 from infra.settings import LiveloopSettings
 from ingest.payloads import AgentKind, Boundary, GenerationPayload, Identifier, Logprob, Name, TokenId
 
-SAMPLE_SCHEMA_VERSION = 2
-"""The sample schema version this code writes and the newest it reads. Version 2 added :class:`AgentCredit`."""
+SAMPLE_SCHEMA_VERSION = 3
+"""The sample schema version this code writes and the newest it reads. Version 2 added :class:`AgentCredit`,
+version 3 its ``spans``."""
 
 FinalisedBy = Literal["session_end", "window", "outcome", "timeout"]
 """Why a reward became final: the session ended, or the longest signal window passed; for an agent turn, its
@@ -78,6 +79,18 @@ def sample_id_for(generation_id: UUID | str, spec_hash: str) -> str:
     return hashlib.sha256(f"{canonical}:{spec_hash}".encode()).hexdigest()[:32]
 
 
+class CreditedSpan(BaseModel):
+    """Token credit for one part of a turn's completion, characters ``[start, end)``: the turn's own check passed
+    it (``credit`` > 0) or failed it (< 0). The learner adds ``credit`` to the advantage of the tokens that write
+    those characters (:mod:`learner.rounds`); the sample's reward does not include it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+    start: int = Field(ge=0)
+    end: int = Field(gt=0)
+    credit: float
+
+
 class AgentCredit(BaseModel):
     """The trajectory's credit carried by the sample of one trainable agent turn.
 
@@ -106,6 +119,10 @@ class AgentCredit(BaseModel):
     r_finish: float = Field(ge=0.0, le=1.0, description="Shaping against fake parallelism; the learner anneals it.")
     guards: Annotated[dict[str, float], BeforeValidator(_by_name)] = Field(
         default_factory=dict, description="Each guard's metric for the trajectory, by guard name."
+    )
+    spans: list[CreditedSpan] = Field(
+        default_factory=list,
+        description="This turn's parts that its own check judged, by start; empty unless the spec weighs span_check.",
     )
 
 
@@ -169,6 +186,8 @@ class Sample(BaseModel):
                 raise ValueError(f"{name} has {len(values)} entries for {len(tokens)} completion tokens")
         if tokens is not None and self.loss_mask is None:
             raise ValueError("loss_mask is required when completion_token_ids are given")
+        if self.agent is not None and any(span.end > len(self.completion) for span in self.agent.spans):
+            raise ValueError(f"a credited span runs past the completion's {len(self.completion)} characters")
         if self.agent is not None and self.agent.frozen and any(self.loss_mask or []):
             raise ValueError("a frozen agent's turn must have an all-zero loss_mask: frozen agents are not trained")
         ids = self.source_event_ids  # UUIDs sort as their strings do

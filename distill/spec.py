@@ -153,6 +153,14 @@ class AgentWeights(SpecModel):
         description="Times the pass share of a turn's own check (its last tests.result), added to that turn's "
         "reward alone; 0 (the default) credits every turn with the trajectory's reward only.",
     )
+    span_check: float = Field(
+        default=0.0,
+        ge=0,
+        le=2,
+        description="Plus this on the tokens of each part of a turn its own check passed (the spans of its last "
+        "tests.result), minus this on each it failed; token credit only: the turn's reward, which the gate judges, "
+        "is unchanged. 0 (the default) gives every token of a turn the same credit.",
+    )
 
 
 class AgentParams(SpecModel):
@@ -251,8 +259,10 @@ class RewardSpec(SpecModel):
         data = self.model_dump(mode="json")
         if data["agent"] is None:
             del data["agent"]  # specs from before agent trajectories keep their hashes (and so their sample ids)
-        elif data["agent"]["weights"]["turn_check"] == 0:
-            del data["agent"]["weights"]["turn_check"]  # likewise agent specs from before per-turn checks
+        else:  # likewise agent specs from before per-turn and per-span checks
+            for weight in ("turn_check", "span_check"):
+                if data["agent"]["weights"][weight] == 0:
+                    del data["agent"]["weights"][weight]
         return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode()
 
     @property

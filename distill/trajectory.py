@@ -35,7 +35,11 @@ invalid-call count, and :class:`distill.samples.AgentCredit`.
 A turn the product checked on its own (a ``tests.result`` naming the turn's generation: a summary's facts against
 the context it summarised, a patch's tests) adds ``turn_check * passed / (passed + failed)`` of its last such check
 to its own sample's components and reward, with a ``turn_check`` weight above 0. One reward for the whole
-trajectory cannot say which of several summaries kept the facts; the turn's own check can.
+trajectory cannot say which of several summaries kept the facts; the turn's own check can. With a ``span_check``
+weight above 0, the spans of that check (the parts of the completion it passed or failed: each fact of a summary)
+ride in :attr:`distill.samples.AgentCredit.spans`, ``+span_check`` for each part that passed and ``-span_check``
+for each that failed, and the learner adds them to those tokens' advantage alone: one turn's check cannot say which
+fact of a summary was made up; its spans can. They are token credit only: the reward the gate judges is unchanged.
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ from uuid import UUID
 
 from distill.errors import DistillError, PrivacyModeEvent
 from distill.reward import count_invalid_tool_calls, counted_feedback, is_deferral, last_tests_run, served_sample
-from distill.samples import AgentCredit, FinalisedBy, Sample
+from distill.samples import AgentCredit, CreditedSpan, FinalisedBy, Sample
 from distill.spec import AgentSpec, RewardSpec
 from ingest.events import EventBase, GenerationEvent, ToolResultEvent, TrajectoryOutcomeEvent
 from ingest.payloads import GenerationPayload, TurnPlace
@@ -269,7 +273,13 @@ def trajectory_samples(
                 deferral=deferral,
                 invalid_tool_calls=invalid,
                 tokenizer=tokenizer,
-                agent=_agent_credit(credit, turn, turn.turn_id in summarised, shared),
+                agent=_agent_credit(
+                    credit,
+                    turn,
+                    turn.turn_id in summarised,
+                    shared,
+                    turn_spans(counted, len(payload.completion), _agent_spec(spec).weights.span_check),
+                ),
             )
         )
     return credit, samples
@@ -283,6 +293,20 @@ def turn_check(counted: Iterable[EventBase]) -> float | None:
         return None
     total = last.passed + last.failed
     return last.passed / total if total else None
+
+
+def turn_spans(counted: Iterable[EventBase], completion_chars: int, weight: float) -> list[CreditedSpan]:
+    """The credited spans of the turn's last check (``tests.result``): ``+weight`` for each part it passed,
+    ``-weight`` for each it failed, by start; none with a zero weight or a check without spans. A span that runs
+    past the completion (the product counted another text) is left out: it names no token of this turn."""
+    last = last_tests_run(counted) if weight else None
+    if last is None or not last.spans:
+        return []
+    return [
+        CreditedSpan(start=span.start, end=span.end, credit=weight if span.passed else -weight)
+        for span in sorted(last.spans, key=lambda span: span.start)
+        if span.end <= completion_chars
+    ]
 
 
 def _turn_reward(
@@ -299,10 +323,15 @@ def _turn_reward(
 
 
 def _agent_credit(
-    credit: TrajectoryCredit, turn: TurnPlace, summary_turn: bool, shared: list[AgentCredit]
+    credit: TrajectoryCredit,
+    turn: TurnPlace,
+    summary_turn: bool,
+    shared: list[AgentCredit],
+    spans: list[CreditedSpan],
 ) -> AgentCredit:
     """The turn's :class:`AgentCredit`. The trajectory's figures are validated once, for its first turn; the
-    others copy them with their own place, whose fields their validated :class:`TurnPlace` already checked."""
+    others copy them with their own place, whose fields their validated :class:`TurnPlace` already checked, and
+    their own spans, each validated as it was built."""
     own = {
         "turn_id": turn.turn_id,
         "agent": turn.agent,
@@ -310,6 +339,7 @@ def _agent_credit(
         "stage": turn.stage,
         "boundary": turn.boundary,
         "summary_turn": summary_turn,
+        "spans": spans,
     }
     if shared:
         return shared[0].model_copy(update=own)

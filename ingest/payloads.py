@@ -12,6 +12,7 @@ finds them by that mark, so a new free-text field is redacted as soon as it is m
 
 from __future__ import annotations
 
+from itertools import pairwise
 from typing import Annotated, ClassVar, Literal
 from uuid import UUID
 
@@ -43,6 +44,8 @@ MAX_STAGE = 1024
 """Highest stage number of an agent trajectory (stage 0 is the first)."""
 MAX_SUBAGENTS = 256
 """Most sub-agents one trajectory's outcome may report on."""
+MAX_CHECKED_SPANS = 256
+"""Most spans one check (``tests.result``) may give a verdict on."""
 
 REDACTED_MARK = "x-liveloop-redacted"
 """JSON Schema key that marks a free-text field which redaction must scrub."""
@@ -250,13 +253,45 @@ class ToolResultPayload(FeedbackPayload):
     )
 
 
+class CheckedSpan(ContractModel):
+    """One part of a generation's completion that a check judged on its own: characters ``[start, end)`` of the
+    completion (Python string offsets), and whether that part passed (a fact in a summary the product found in the
+    context, a hunk of a patch whose tests passed)."""
+
+    start: int = Field(ge=0, le=MAX_TEXT_CHARS)
+    end: int = Field(gt=0, le=MAX_TEXT_CHARS)
+    passed: bool
+
+    @model_validator(mode="after")
+    def _ordered(self) -> CheckedSpan:
+        if self.end <= self.start:
+            raise ValueError(f"span end {self.end} must be after its start {self.start}")
+        return self
+
+
 class TestsResultPayload(FeedbackPayload):
-    """Tests ran on the code after a generation was applied."""
+    """Tests ran on the code after a generation was applied.
+
+    ``spans`` optionally says which parts of the completion passed and which failed, for a distiller whose reward
+    spec credits parts of a turn on their own (``agent.weights.span_check``); they must not overlap.
+    """
 
     __test__: ClassVar[bool] = False  # not a pytest test class, despite the name
 
     passed: Count
     failed: Count
+    spans: list[CheckedSpan] | None = Field(default=None, max_length=MAX_CHECKED_SPANS)
+
+    @model_validator(mode="after")
+    def _spans_apart(self) -> TestsResultPayload:
+        ordered = sorted(self.spans or (), key=lambda span: span.start)
+        for first, second in pairwise(ordered):
+            if second.start < first.end:
+                raise ValueError(
+                    f"spans [{first.start}, {first.end}) and [{second.start}, {second.end}) overlap; "
+                    "give each character one verdict at most"
+                )
+        return self
 
 
 class SubagentOutcome(ContractModel):

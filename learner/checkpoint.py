@@ -106,19 +106,27 @@ class CycleRecord:
         return {key: value / self.steps for key, value in sorted(self.metric_sums.items())} if self.steps else {}
 
 
-def save_tokenizer(base_model: str, folder: Path) -> None:
-    """Save the base model's tokenizer beside the weights, so the folder loads on its own."""
+def base_tokenizer(base_model: str) -> Any | None:
+    """The base model's tokenizer (the byte-level one for ``"tiny"``), or None for a weights-only folder."""
     if base_model == "tiny":
         from learner.tiny_model import byte_tokenizer
 
-        byte_tokenizer().save_pretrained(folder)
-        return
+        return byte_tokenizer()
     from transformers import AutoTokenizer
 
     try:
-        AutoTokenizer.from_pretrained(base_model).save_pretrained(folder)
+        return AutoTokenizer.from_pretrained(base_model)
     except (OSError, ValueError) as exc:  # a weights-only base folder: serving brings its own tokenizer
-        log.warning("no tokenizer saved with the checkpoint: %s has none (%s)", base_model, exc)
+        log.warning("%s has no tokenizer (%s)", base_model, exc)
+        return None
+
+
+def save_tokenizer(base_model: str, folder: Path) -> None:
+    """Save the base model's tokenizer beside the weights, so the folder loads on its own (none for a weights-only
+    base folder: serving brings its own)."""
+    tokenizer = base_tokenizer(base_model)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(folder)
 
 
 def build_manifest(

@@ -56,6 +56,9 @@ class StepBatch:
     loss_mask: list[list[int]]
     advantages: list[float]
     """Already normalised over this batch."""
+    token_credit: list[list[float]] | None = None
+    """Per sample, credit added to each completion token's advantage (on the advantages' scale: a turn's credited
+    spans, :mod:`learner.token_spans`); an empty list for a sample without any, None for a batch without any."""
 
     def __len__(self) -> int:
         return len(self.prompt_ids)
@@ -73,6 +76,7 @@ class StepBatch:
             behaviour_logprobs=[self.behaviour_logprobs[i] for i in pick],
             loss_mask=[self.loss_mask[i] for i in pick],
             advantages=[self.advantages[i] for i in pick],
+            token_credit=None if self.token_credit is None else [self.token_credit[i] for i in pick],
         )
 
 
@@ -314,6 +318,8 @@ class LearnerEngine:
         mask = _padded(local.loss_mask, shape, logp.device) * valid
         behaviour = _padded(local.behaviour_logprobs, shape, logp.device)
         advantages = torch.tensor(local.advantages, dtype=torch.float32, device=logp.device)
+        if local.token_credit is not None:
+            advantages = advantages.unsqueeze(-1) + _padded(local.token_credit, shape, logp.device)
         ref_logp = None
         if self.reference is not None:
             with torch.no_grad():

@@ -77,13 +77,23 @@ def normalise_advantages(
     trajectory ``1 / its turns``, so that every trajectory counts once, whatever its length. The batch's size
     is then the weights' sum: under 1.5 (one trajectory, or one sample unweighted) gives zeros too.
     """
+    spread = advantage_spread(advantages, eps, weights)
+    if spread is None:
+        return torch.zeros_like(advantages)
+    if weights is None:
+        weights = torch.ones_like(advantages)
+    return (advantages - (weights * advantages).sum() / weights.sum()) / spread
+
+
+def advantage_spread(advantages: torch.Tensor, eps: float = 1e-6, weights: torch.Tensor | None = None) -> float | None:
+    """What :func:`normalise_advantages` divides by, ``std + eps`` (weighted as there); None where it gives zeros."""
     if weights is None:
         weights = torch.ones_like(advantages)
     total = weights.sum()
     if total < 1.5:
-        return torch.zeros_like(advantages)
+        return None
     centred = advantages - (weights * advantages).sum() / total
-    return centred / (torch.sqrt((weights * centred**2).sum() / total) + eps)
+    return float(torch.sqrt((weights * centred**2).sum() / total)) + eps
 
 
 def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
@@ -110,8 +120,11 @@ def _check_shapes(
     for name, tensor in named.items():
         if tensor.shape != logp.shape:
             raise ValueError(f"{name} has shape {tuple(tensor.shape)}, logp {tuple(logp.shape)}; they must match")
-    if advantages.shape != logp.shape[:1]:
-        raise ValueError(f"advantages has shape {tuple(advantages.shape)}; pass one per sample: ({logp.shape[0]},)")
+    if advantages.shape not in (logp.shape[:1], logp.shape):
+        raise ValueError(
+            f"advantages has shape {tuple(advantages.shape)}; pass one per sample, ({logp.shape[0]},), "
+            f"or one per token, {tuple(logp.shape)}"
+        )
 
 
 def policy_gradient_loss(
@@ -125,7 +138,8 @@ def policy_gradient_loss(
     """The loss of a batch: ``pg_loss + kl_coef * kl``, token-level means over the masked tokens.
 
     ``logp``, ``behaviour_logp``, ``mask`` and ``ref_logp`` are ``[B, T]``; ``advantages`` is ``[B]``
-    (already normalised). Per token, without clipping the objective is ``w * A * logp`` with ``w`` the
+    (already normalised), or ``[B, T]`` where some tokens carry credit of their own (a turn's credited spans,
+    :mod:`learner.token_spans`). Per token, without clipping the objective is ``w * A * logp`` with ``w`` the
     detached truncated weight (the truncated-IS policy gradient); with ``clip_eps`` it is
     ``min(r * A, clamp(r, 1 - eps, 1 + eps) * A)`` with ``r = min(ratio, is_cap)``, gradient through ``r``.
     ``pg_loss = -sum(mask * objective) / sum(mask)``. Clipping counts as active on a token where the
@@ -144,7 +158,9 @@ def policy_gradient_loss(
     behaviour_kept = torch.where(keep, behaviour_logp.to(logp.dtype), zero)
     count = weights_mask.sum()
     denominator = torch.clamp(count, min=1.0)
-    adv = advantages.to(logp.dtype).unsqueeze(-1)
+    adv = advantages.to(logp.dtype)
+    if adv.dim() == 1:
+        adv = adv.unsqueeze(-1)
 
     ratio = importance_ratio(logp_kept, behaviour_kept)
     weights = torch.clamp(ratio, max=config.is_cap).detach()

@@ -22,7 +22,7 @@ import math
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
@@ -31,12 +31,16 @@ from distill.samples import Sample
 from learner.baseline import EmaBaseline, bucket_of
 from learner.engine import StepBatch
 from learner.intake import pack_batches, training_units
-from learner.loss import normalise_advantages
+from learner.loss import advantage_spread, normalise_advantages
 from learner.manifest import OffsetRange
 from learner.settings import LossWeighting
 from learner.shaping import ShapingSchedule
+from learner.token_spans import token_credit
 
 JOURNAL_FILE = "rounds.jsonl"
+MIN_SPAN_SPREAD = 0.1
+"""The least spread of rewards a span's credit is divided by: in a batch whose rewards barely differ, dividing by
+their spread would blow one span's credit up without bound (by ``1 / eps`` where they are all equal)."""
 
 
 class RoundEntry(BaseModel):
@@ -169,6 +173,7 @@ def plan_round(
     first_step: int,
     weighting: LossWeighting = "token",
     min_advantage: float | None = None,
+    tokenizer: Any | None = None,
 ) -> list[StepBatch]:
     """The round's optimizer steps: ``samples`` (admitted, in (partition, offset) order) packed by tokens,
     whole trajectories per batch (:func:`learner.intake.pack_batches`); batch ``i`` trains at optimiser step
@@ -187,6 +192,13 @@ def plan_round(
     batch's mean policy tokens per unit over its own (:func:`unit_weights`), so that in the step's token-mean
     loss every unit weighs the same, a 20-token answer as much as a 280-token one. ``min_advantage``
     (``LearnerSettings.min_advantage``) floors each normalised advantage before that weighting.
+
+    A turn's credited spans (:attr:`distill.samples.AgentCredit.spans`: the parts its own check passed or failed)
+    add their credit, divided by the batch's spread of rewards (the scale the normalisation divides by, at least
+    :data:`MIN_SPAN_SPREAD`), to the advantage of the tokens that write them
+    (:func:`learner.token_spans.token_credit`, with ``tokenizer``, the base model's, which serving uses too). The
+    floor does not reach them: a made-up fact is charged even in a turn whose advantage was floored. Without a
+    tokenizer, or in a batch whose advantages normalise to zero, spans add nothing.
     """
     trainable = [sample for sample in samples if sample.agent is None or not sample.agent.frozen]
     steps: list[StepBatch] = []
@@ -201,9 +213,12 @@ def plan_round(
         )
         baseline.update([math.fsum(rewards) / len(rewards) for rewards in by_unit], unit_buckets)
         weights = torch.tensor([1.0 / len(unit) for unit in units for _ in unit], dtype=torch.float64)
-        advantages = normalise_advantages(torch.tensor(raw, dtype=torch.float64), weights=weights).tolist()
+        raw_tensor = torch.tensor(raw, dtype=torch.float64)
+        advantages = normalise_advantages(raw_tensor, weights=weights).tolist()
         if min_advantage is not None:
             advantages = [max(a, min_advantage) for a in advantages]
+        credit = _span_credit(ordered, tokenizer, advantage_spread(raw_tensor, weights=weights))
+        scales = [1.0] * len(ordered)
         if weighting == "unit":
             scales = [w for unit, w in zip(units, unit_weights(units), strict=True) for _ in unit]
             advantages = [a * w for a, w in zip(advantages, scales, strict=True)]
@@ -214,9 +229,27 @@ def plan_round(
                 behaviour_logprobs=[list(s.behaviour_logprobs or ()) for s in ordered],
                 loss_mask=[list(s.loss_mask or ()) for s in ordered],
                 advantages=[float(a) for a in advantages],
+                token_credit=None
+                if credit is None
+                else [[c * scale for c in row] for row, scale in zip(credit, scales, strict=True)],
             )
         )
     return steps
+
+
+def _span_credit(ordered: Sequence[Sample], tokenizer: Any | None, spread: float | None) -> list[list[float]] | None:
+    """Per sample, its credited spans' credit per completion token over ``spread`` (at least
+    :data:`MIN_SPAN_SPREAD`; empty for a sample without spans); None when no sample has any, or without a tokenizer
+    or a spread to scale them by."""
+    if tokenizer is None or spread is None or not any(s.agent is not None and s.agent.spans for s in ordered):
+        return None
+    scale = max(spread, MIN_SPAN_SPREAD)
+    return [
+        [c / scale for c in token_credit(tokenizer, s.completion_token_ids or (), s.agent.spans)]
+        if s.agent is not None and s.agent.spans
+        else []
+        for s in ordered
+    ]
 
 
 def unit_weights(units: Sequence[Sequence[Sample]]) -> list[float]:

@@ -20,6 +20,7 @@ import signal
 import sys
 import time
 from datetime import UTC, datetime, timedelta
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ from distill.samples import HeldOutRule, HeldOutSettings
 from learner.baseline import EmaBaseline
 from learner.checkpoint import (
     CycleRecord,
+    base_tokenizer,
     build_manifest,
     check_lineage_held_out,
     checkpoint_id_for,
@@ -244,6 +246,11 @@ class Learner:
         self.source_.seek(self.positions)
         self._housekeeping(force_lag=True)
 
+    @cached_property
+    def tokenizer(self) -> Any | None:
+        """The base model's tokenizer, loaded the first time a round has credited spans to map onto tokens."""
+        return base_tokenizer(self.settings.base_model)
+
     def _init_base(self) -> None:
         """Write and register the base model as version 1 (what ``liveloop learner init-base`` does)."""
         from learner.publish import register_base
@@ -329,6 +336,7 @@ class Learner:
             first_step=self.step,
             weighting=self.settings.loss_weighting,
             min_advantage=self.settings.min_advantage,
+            tokenizer=self.tokenizer if any(s.agent is not None and s.agent.spans for s in accepted) else None,
         )
         batches = [batch for _ in range(self.settings.epochs) for batch in batches]  # pass after pass, each its steps
         self.cycle.add_ranges(ranges)

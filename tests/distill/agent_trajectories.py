@@ -129,9 +129,15 @@ class Tree:
         payload = {"generation_id": turn_id, "tool": tool, "valid": valid, "call_index": call_index}
         self._envelope("tool.result", payload)
 
-    def tests_result(self, turn_id: str, *, passed: int, failed: int) -> None:
-        """Add the product's own check of one turn (``tests.result``)."""
-        self._envelope("tests.result", {"generation_id": turn_id, "passed": passed, "failed": failed})
+    def tests_result(
+        self, turn_id: str, *, passed: int, failed: int, spans: list[tuple[int, int, bool]] | None = None
+    ) -> None:
+        """Add the product's own check of one turn (``tests.result``), with its verdicts on parts of the completion
+        as ``(start, end, passed)`` where given."""
+        payload: dict[str, Any] = {"generation_id": turn_id, "passed": passed, "failed": failed}
+        if spans is not None:
+            payload["spans"] = [{"start": start, "end": end, "passed": ok} for start, end, ok in spans]
+        self._envelope("tests.result", payload)
 
     def outcome(
         self,

@@ -7,6 +7,7 @@ timed_out -0.5; parallel_cap 4, min_searches 3, serial_steps 6, timeout_s 1800; 
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -111,6 +112,39 @@ def test_a_turn_check_counts_nothing_at_weight_0_and_is_clipped() -> None:
     # A perfect checked turn (3.0) with one invalid call (-0.5) must stay below the upper bound.
     with pytest.raises(ValueError, match="clipping would hide the penalty"):
         RewardSpec.model_validate({**spec.model_dump(), "clip": (-3.0, 2.5)})
+
+
+def with_weights(spec: RewardSpec = SPEC, **weights: float) -> RewardSpec:
+    assert spec.agent is not None
+    changed = spec.agent.weights.model_copy(update=weights)
+    return spec.model_copy(update={"agent": spec.agent.model_copy(update={"weights": changed})})
+
+
+def test_a_checks_spans_credit_their_own_characters_and_leave_the_reward_alone() -> None:
+    tree, turns = summary_tree()  # turn 2 wrote "summary of the work so far" (26 characters)
+    tree.tests_result(turns[1], passed=1, failed=1, spans=[(11, 15, False), (0, 7, True), (20, 40, False)])
+    credit, samples = run(tree, with_weights(span_check=0.5))
+    summary = samples[1].agent
+    assert summary is not None
+    # By start; a span past the completion names no token of this turn and is left out.
+    assert [(s.start, s.end, s.credit) for s in summary.spans] == [(0, 7, 0.5), (11, 15, -0.5)]
+    assert [s.reward for s in samples] == [credit.reward] * 5  # token credit only: the gate judges the same reward
+    assert all(not s.agent.spans for s in samples if s.agent and s.agent is not summary)
+    assert parse_sample(sample_to_json(samples[1])) == samples[1]
+    # The default spec's weight is 0: no spans, and agent specs keep their hashes.
+    assert all(not s.agent.spans for s in run(tree)[1] if s.agent)
+    assert "span_check" not in SPEC.canonical_json().decode()
+    assert "span_check" in with_weights(span_check=0.5).canonical_json().decode()
+
+
+def test_a_sample_refuses_a_credited_span_past_its_completion() -> None:
+    tree, turns = summary_tree()
+    tree.tests_result(turns[1], passed=1, failed=0, spans=[(0, 7, True)])
+    sample = run(tree, with_weights(span_check=0.5))[1][1]
+    data = sample.model_dump(mode="json")
+    data["agent"]["spans"] = [{"start": 20, "end": 27, "credit": 0.5}]
+    with pytest.raises(ValueError, match="runs past the completion's 26 characters"):
+        Sample.model_validate_json(json.dumps(data))
 
 
 def test_pruned_search_over_budget() -> None:

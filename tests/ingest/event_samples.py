@@ -71,7 +71,7 @@ def payloads() -> dict[str, dict[str, Any]]:
         "followup": {**feedback, "dissatisfied": True, "rephrase": False},
         "rating": {**feedback, "thumbs": "down"},
         "tool.result": {**feedback, "tool": "run_tests", "valid": False, "error": "timeout", "call_index": 0},
-        "tests.result": {**feedback, "passed": 12, "failed": 1},
+        "tests.result": {**feedback, "passed": 12, "failed": 1, "spans": [{"start": 0, "end": 6, "passed": True}]},
         "trajectory.outcome": {
             "trajectory_id": TRAJECTORY_ID,
             "success": True,

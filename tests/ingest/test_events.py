@@ -377,6 +377,34 @@ def test_oversized_raw_event_is_rejected_before_decoding() -> None:
     assert str(MAX_EVENT_BYTES) in error.reason
 
 
+@pytest.mark.parametrize(
+    ("spans", "needle"),
+    [
+        ([{"start": 4, "end": 4, "passed": True}], "span end 4 must be after its start 4"),
+        ([{"start": -1, "end": 4, "passed": True}], "greater than or equal to 0"),
+        ([{"start": 0, "end": 4, "passed": "yes"}], "valid boolean"),
+        (
+            [{"start": 6, "end": 9, "passed": True}, {"start": 0, "end": 7, "passed": False}],
+            "spans [0, 7) and [6, 9) overlap",
+        ),
+    ],
+)
+def test_a_checks_spans_must_be_well_formed_and_apart(spans: list[dict[str, object]], needle: str) -> None:
+    data = sample_event("tests.result")
+    data["payload"]["spans"] = spans
+    error = reason_of(data)
+    assert error.field is not None
+    assert error.field.startswith("payload")
+    assert needle in error.reason
+
+
+def test_a_check_with_spans_apart_is_accepted() -> None:
+    data = sample_event("tests.result")
+    data["payload"]["spans"] = [{"start": 8, "end": 14, "passed": False}, {"start": 0, "end": 7, "passed": True}]
+    event = parse_event(json.dumps(data).encode())
+    assert [(s.start, s.end, s.passed) for s in event.payload.spans] == [(8, 14, False), (0, 7, True)]
+
+
 def test_reason_counts_further_errors_and_stays_short() -> None:
     data = sample_event("tests.result")
     data["payload"] |= {"passed": -1, "failed": -1}

@@ -6,7 +6,7 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
-from distill.samples import AgentCredit, Sample, sample_id_for
+from distill.samples import AgentCredit, CreditedSpan, Sample, sample_id_for
 
 SPEC_HASH = "ab" * 32
 _NAMESPACE = uuid.UUID("6f1d0c4e-8a55-4f0e-9a57-1c0f6d1b2a30")
@@ -60,11 +60,13 @@ def make_agent_sample(
     r_finish: float = 0.0,
     frozen: bool = False,
     agent: str = "orchestrator",
+    spans: tuple[CreditedSpan, ...] = (),
     **overrides: Any,
 ) -> Sample:
     """The sample of turn ``turn`` of trajectory ``trajectory`` (ids derived from the numbers), one of its
-    ``turns`` trainable turns, with the trajectory-level ``reward`` and shaping terms. A frozen turn gets an
-    all-zero loss mask, as the contract requires. Other fields as :func:`make_sample`, overridable."""
+    ``turns`` trainable turns, with the trajectory-level ``reward`` and shaping terms, and credited ``spans`` of its
+    completion text. A frozen turn gets an all-zero loss mask, as the contract requires. Other fields as
+    :func:`make_sample`, overridable."""
     completion = overrides.get("completion_token_ids", [20, 21])
     if frozen:
         overrides["loss_mask"] = [0] * len(completion)
@@ -82,6 +84,7 @@ def make_agent_sample(
         r_perf=reward,
         r_parallel=r_parallel,
         r_finish=r_finish,
+        spans=list(spans),
     )
     fields: dict[str, Any] = {"reward": reward, "surface": "agent", "session_id": f"session-t{trajectory}"}
     return make_sample(number, agent=credit, **{**fields, **overrides})

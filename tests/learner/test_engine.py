@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -131,6 +132,16 @@ def test_step_metrics_are_token_means_over_the_policy_tokens(distributed: None, 
     assert metrics.kl == 0.0
     assert metrics.loss == pytest.approx(metrics.pg_loss)
     assert 0 < metrics.mean_weight <= 2.0
+
+
+def test_token_credit_adds_to_each_tokens_advantage(distributed: None, tmp_path: Path) -> None:
+    shifted = dataclasses.replace(BATCH, advantages=[a + 0.5 for a in BATCH.advantages])
+    credited = dataclasses.replace(BATCH, token_credit=[[0.5, 0.5], [0.5, 0.5, 0.5], [0.5]])
+    partly = dataclasses.replace(BATCH, token_credit=[[0.5, 0.5], [], [0.5]])  # a sample without spans: []
+    losses = [_engine(tmp_path / str(n)).train_step(batch, 0).loss for n, batch in enumerate((shifted, credited))]
+    assert losses[0] == pytest.approx(losses[1], abs=1e-6)
+    assert _engine(tmp_path / "2").train_step(partly, 0).loss != pytest.approx(losses[0], abs=1e-6)
+    assert credited.shard(1, 2).token_credit == [[0.5, 0.5, 0.5]]
 
 
 def test_step_seeds_differ_per_step_and_repeat_per_seed() -> None:

@@ -116,6 +116,17 @@ def test_plain_truncated_is_loss() -> None:
     assert terms.clipped_fraction == 0.0
 
 
+def test_per_token_advantages_weigh_each_token_with_its_own() -> None:
+    logp, behaviour, adv, mask, _ = _tensors()
+    per_token = adv.unsqueeze(-1).expand(-1, 3).clone()
+    assert policy_gradient_loss(logp, behaviour, per_token, mask, LossConfig(is_cap=CAP)).loss.item() == pytest.approx(
+        HAND_PG, abs=1e-9
+    )  # the same advantage on every token is the per-sample loss
+    per_token[1, 2] += 1.0  # token (1, 2) alone gets credit of its own: w = 2, logp = -0.7
+    moved = policy_gradient_loss(logp, behaviour, per_token, mask, LossConfig(is_cap=CAP))
+    assert moved.loss.item() == pytest.approx(HAND_PG - 2.0 * 1.0 * -0.7 / N, abs=1e-9)
+
+
 def test_masked_token_would_change_the_result() -> None:
     logp, behaviour, adv, _, _ = _tensors()
     all_ones = torch.ones_like(logp)

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from distill.samples import CreditedSpan
 from learner.baseline import EmaBaseline, bucket_of
 from learner.manifest import OffsetRange
 from learner.rounds import (
@@ -21,6 +22,7 @@ from learner.rounds import (
 )
 from learner.settings import LearnerSettings
 from learner.shaping import ShapingSchedule
+from learner.tiny_model import byte_tokenizer
 from tests.learner.sample_factory import make_agent_sample, make_sample
 
 NO_SHAPING = ShapingSchedule(lambda_parallel=0.0, lambda_finish=0.0, anneal_steps=0)
@@ -151,6 +153,31 @@ def test_a_turns_own_check_moves_its_advantage_and_the_trajectory_still_weighs_o
     shared = [make_agent_sample(n, 8, n, 2, reward=1.0) for n in (4, 5)]
     plain = plan_round([*shared, single], EmaBaseline(), 100, shaping=NO_SHAPING, first_step=0)[0]
     assert plain.advantages == pytest.approx([1.0, 1.0, -1.0], abs=1e-5)
+
+
+def test_credited_spans_move_their_own_tokens_on_the_normalisation_scale_past_the_floor() -> None:
+    tokenizer = byte_tokenizer()
+    text = "A=1 B=2"
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    spans = (CreditedSpan(start=0, end=3, credit=0.5), CreditedSpan(start=4, end=7, credit=-0.5))
+    # Two single-turn trajectories, rewards 1 and 0: normalised advantages +1 and -1, spread 0.5.
+    checked = make_agent_sample(1, 7, 1, 1, reward=1.0, completion_token_ids=ids, completion=text, spans=spans)
+    other = make_agent_sample(2, 8, 1, 1, reward=0.0, completion_token_ids=ids, completion=text)
+    step = plan_round([checked, other], EmaBaseline(), 100, shaping=NO_SHAPING, first_step=0, tokenizer=tokenizer)[0]
+    assert step.advantages == pytest.approx([1.0, -1.0], abs=1e-5)
+    spread = 0.5 + 1e-6
+    assert step.token_credit is not None
+    assert step.token_credit[0] == pytest.approx([0.5 / spread] * 3 + [0.0] + [-0.5 / spread] * 3)
+    assert step.token_credit[1] == []
+    # The floor takes the sample's advantage to 0, not its spans' credit: a failed fact is charged still.
+    floored = plan_round(
+        [other, checked], EmaBaseline(), 100, shaping=NO_SHAPING, first_step=0, min_advantage=0.0, tokenizer=tokenizer
+    )[0]
+    assert floored.advantages == pytest.approx([0.0, 1.0], abs=1e-5)
+    assert floored.token_credit is not None
+    assert min(floored.token_credit[1]) == pytest.approx(-0.5 / spread)
+    # Without a tokenizer (or spans) the batch carries no token credit: what every batch did before.
+    assert plan_round([checked, other], EmaBaseline(), 100, shaping=NO_SHAPING, first_step=0)[0].token_credit is None
 
 
 def test_unit_weighting_is_hashed_into_the_training_config_only_away_from_its_default() -> None:

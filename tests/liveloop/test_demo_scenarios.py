@@ -182,14 +182,14 @@ def test_the_swarm_demo_distils_under_the_default_spec_with_only_a_heavier_fake_
     assert all("LIVELOOP_DISTILL_SPEC_PATH" not in SCENARIOS[name].environment for name in ("code", "prune"))
 
 
-def test_the_summary_demo_distils_under_the_default_spec_with_a_turn_check_and_a_lighter_invalid_tool_call() -> None:
+def test_the_summary_demo_distils_under_the_default_spec_with_turn_and_span_checks_and_a_lighter_invalid_call() -> None:
     from distill.spec import load_spec
 
     summary = load_spec(Path(SUMMARY.environment["LIVELOOP_DISTILL_SPEC_PATH"]))
     default = load_spec(REWARD_SPECS / "default.yaml")
     assert summary.version != default.version  # samples tell the two reward regimes apart
     assert default.agent is not None
-    changed = {"invalid_tool_call": -0.05, "turn_check": 1.0}
+    changed = {"invalid_tool_call": -0.05, "turn_check": 1.0, "span_check": 0.2}
     agent = default.agent.model_copy(update={"weights": default.agent.weights.model_copy(update=changed)})
     assert summary.model_copy(update={"version": default.version}) == default.model_copy(update={"agent": agent})
 

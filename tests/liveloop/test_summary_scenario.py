@@ -178,6 +178,11 @@ def test_a_summary_that_writes_a_fact_it_was_not_given_is_flagged_and_answers_no
     assert (made_up.summaries[0].made_up, made_up.summaries[0].kept) == (("B",), ("A",))
     assert made_up.summaries[0].grounded_line == "summary: A=1111"
     assert [a.correct for a in made_up.answers] == [True, True, True]
+    # The product's verdict on each fact, where the summary wrote it: A held, B not.
+    assert made_up.summaries[0].facts == ((1, 7, True), (8, 14, False))
+    wrong_value = play(task, [" A=1112"], SMALL).outcome
+    assert wrong_value is not None
+    assert wrong_value.summaries[0].facts == ((1, 7, False),)  # held, but not with that value
     # Kept as written, the made-up fact answers the decoy: wrong.
     written = play(task, [" A=1111 B=2222"], SMALL, as_written=True).outcome
     assert written is not None

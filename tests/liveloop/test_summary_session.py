@@ -179,6 +179,25 @@ def _check_session(events: list[dict[str, Any]], record: SummaryRecord) -> None:
         kept, dropped = expected.get(str(sample.generation_id), (0, 0))
         share = kept / (kept + dropped) if kept + dropped else 0.0
         assert sample.reward == pytest.approx(demo_credit.reward + share)
+    # The check names each fact a summary wrote, where it wrote it, with its own verdict; under the demo's spec each
+    # fact's characters carry +span_check where the context held it with that value and -span_check where it did not.
+    for turn, summary in zip(chain, summaries, strict=False):
+        spans = checks[turn["generation_id"]].get("spans") if turn["generation_id"] in checks else None
+        assert [(span["start"], span["end"], span["passed"]) for span in spans or ()] == list(summary.facts)
+        assert all(summary.text[start:end].count("=") == 1 for start, end, _ in summary.facts)
+    credited = {
+        str(s.generation_id): [(c.start, c.end, c.credit) for c in s.agent.spans] for s in demo_samples if s.agent
+    }
+    assert credited.pop(chain[-1]["generation_id"]) == []  # the closing turn wrote no summary
+    assert demo_spec.agent is not None
+    weight = demo_spec.agent.weights.span_check
+    assert weight > 0
+    assert credited == {
+        turn["generation_id"]: [(start, end, weight if right else -weight) for start, end, right in summary.facts]
+        for turn, summary in zip(chain, summaries, strict=False)
+    }
+    if any(summary.made_up for summary in summaries):
+        assert min(credit for spans in credited.values() for _, _, credit in spans) == -weight
 
 
 def test_liveloop_simulate_runs_summary_sessions_and_sums_them_up_by_version(

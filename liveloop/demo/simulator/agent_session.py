@@ -15,7 +15,13 @@ from typing import Any
 from uuid import UUID, uuid4
 
 from ingest.events import SessionEndedEvent, SessionStartedEvent, TestsResultEvent, ToolResultEvent
-from ingest.payloads import SessionEndedPayload, SessionStartedPayload, TestsResultPayload, ToolResultPayload
+from ingest.payloads import (
+    CheckedSpan,
+    SessionEndedPayload,
+    SessionStartedPayload,
+    TestsResultPayload,
+    ToolResultPayload,
+)
 from liveloop.demo.simulator.feedback import Envelope
 from liveloop.demo.simulator.session import EventSink
 
@@ -58,12 +64,19 @@ def end_session(sink: EventSink, session: AgentSession) -> None:
 
 
 def turn_check_event(
-    envelope: Envelope, generation_id: UUID, ts: datetime, *, passed: int, failed: int
+    envelope: Envelope,
+    generation_id: UUID,
+    ts: datetime,
+    *,
+    passed: int,
+    failed: int,
+    spans: list[CheckedSpan] | None = None,
 ) -> TestsResultEvent:
     """The ``tests.result`` the product sends for its own check of one turn's output: ``passed`` of its checks held,
-    ``failed`` did not. The distiller adds ``turn_check`` times the pass share to that turn's reward alone
-    (:mod:`distill.trajectory`)."""
-    payload = TestsResultPayload(generation_id=generation_id, passed=passed, failed=failed)
+    ``failed`` did not, and ``spans``, where given, which parts of the output passed and which failed. The distiller
+    adds ``turn_check`` times the pass share to that turn's reward alone, and ``span_check`` credit to each span's
+    tokens (:mod:`distill.trajectory`)."""
+    payload = TestsResultPayload(generation_id=generation_id, passed=passed, failed=failed, spans=spans)
     return TestsResultEvent(**envelope.fields(ts), payload=payload)  # type: ignore[arg-type]
 
 

@@ -317,6 +317,8 @@ class SummaryRead:
     value; ``lost``: held but not kept; ``wrong``: keys the summary writes with a value the user did not note;
     ``made_up``: keys the summary writes that the context did not hold (recalled from the catalog, or invented).
     ``cut``: the completion reached the length limit. ``verbatim``: a copy of the context (the planted hack).
+    ``facts``: each fact the summary writes, as ``(start, end, right)``: its characters in ``text`` (a prefix of the
+    completion), and whether the context held it with that value (the product's verdict on that fact alone).
     """
 
     prompt: str
@@ -328,6 +330,7 @@ class SummaryRead:
     wrong: tuple[str, ...]
     made_up: tuple[str, ...]
     verbatim: bool
+    facts: tuple[tuple[int, int, bool], ...] = ()
 
     @property
     def line(self) -> str:
@@ -378,6 +381,10 @@ def read_summary(
         wrong=tuple(sorted(key for key in written if key not in kept_set)),
         made_up=tuple(sorted(key for key in written if key not in held)),
         verbatim=is_verbatim_copy(text, context, settings),
+        facts=tuple(
+            (found.start(), found.end(), found[1] in held and int(found[2]) == task.value(found[1]))
+            for found in _FACT.finditer(text)
+        ),
     )
 
 

@@ -28,6 +28,7 @@ from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
+from ingest.payloads import CheckedSpan
 from liveloop.demo.simulator.agent_session import end_session, failed_action_event, start_session, turn_check_event
 from liveloop.demo.simulator.session import EventSink
 from liveloop.demo.simulator.stats import rate_figure
@@ -125,7 +126,12 @@ def run_summary_session(
             kept, dropped = summary_check(summary)
             if kept + dropped:
                 checked = turn_check_event(
-                    session.envelope, UUID(generation_id), datetime.now(UTC), passed=kept, failed=dropped
+                    session.envelope,
+                    UUID(generation_id),
+                    datetime.now(UTC),
+                    passed=kept,
+                    failed=dropped,
+                    spans=fact_spans(summary),
                 )
                 sink.emit(checked)
             for error in ungrounded_facts(summary):
@@ -151,6 +157,14 @@ def summary_check(summary: SummaryRead) -> tuple[int, int]:
     if summary.made_up:
         return 0, len(summary.held) + len(summary.made_up)
     return len(summary.kept), len(summary.lost)
+
+
+def fact_spans(summary: SummaryRead) -> list[CheckedSpan] | None:
+    """The product's verdict on each fact a summary wrote, where it wrote it: passed when its context held that fact
+    with that value, failed when it did not (made up, or a wrong value). Posted with the summary's check, they let a
+    reward spec that weighs ``span_check`` charge a made-up fact's own bytes and credit a kept one's, where the
+    check's one share reaches every byte of the summary alike (docs/agent-learnability.md)."""
+    return [CheckedSpan(start=start, end=end, passed=right) for start, end, right in summary.facts] or None
 
 
 def ungrounded_facts(summary: SummaryRead) -> list[str]:
