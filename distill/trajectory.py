@@ -54,7 +54,7 @@ from distill.reward import count_invalid_tool_calls, counted_feedback, is_deferr
 from distill.samples import AgentCredit, CreditedSpan, FinalisedBy, Sample
 from distill.spec import AgentSpec, RewardSpec
 from ingest.events import EventBase, GenerationEvent, ToolResultEvent, TrajectoryOutcomeEvent
-from ingest.payloads import GenerationPayload, TurnPlace
+from ingest.payloads import GenerationPayload, TestsResultPayload, TurnPlace
 
 CREATE_SUBAGENT = "create_subagent"
 """The orchestrator's tool that spawns a sub-agent."""
@@ -261,7 +261,10 @@ def trajectory_samples(
         sources = {event.event_id, *(e.event_id for e in counted)}
         if outcome is not None:
             sources.add(outcome.event_id)
-        reward, components = _turn_reward(credit, counted, spec)
+        weights = _agent_spec(spec).weights
+        # The turn's own check, read once for both uses (and not at all where the spec weighs neither).
+        check = last_tests_run(counted) if weights.turn_check or weights.span_check else None
+        reward, components = _turn_reward(credit, check, spec)
         samples.append(
             served_sample(
                 event,
@@ -278,43 +281,41 @@ def trajectory_samples(
                     turn,
                     turn.turn_id in summarised,
                     shared,
-                    turn_spans(counted, len(payload.completion), _agent_spec(spec).weights.span_check),
+                    turn_spans(check, len(payload.completion), weights.span_check),
                 ),
             )
         )
     return credit, samples
 
 
-def turn_check(counted: Iterable[EventBase]) -> float | None:
-    """The pass share of the turn's last check (``tests.result``) among its counted feedback; ``None`` without one
-    or when it checked nothing (no test passed or failed)."""
-    last = last_tests_run(counted)
-    if last is None:
+def turn_check(check: TestsResultPayload | None) -> float | None:
+    """The pass share of the turn's last check (``tests.result``, :func:`distill.reward.last_tests_run` of its
+    counted feedback); ``None`` without one or when it checked nothing (no test passed or failed)."""
+    if check is None:
         return None
-    total = last.passed + last.failed
-    return last.passed / total if total else None
+    total = check.passed + check.failed
+    return check.passed / total if total else None
 
 
-def turn_spans(counted: Iterable[EventBase], completion_chars: int, weight: float) -> list[CreditedSpan]:
-    """The credited spans of the turn's last check (``tests.result``): ``+weight`` for each part it passed,
-    ``-weight`` for each it failed, by start; none with a zero weight or a check without spans. A span that runs
-    past the completion (the product counted another text) is left out: it names no token of this turn."""
-    last = last_tests_run(counted) if weight else None
-    if last is None or not last.spans:
+def turn_spans(check: TestsResultPayload | None, completion_chars: int, weight: float) -> list[CreditedSpan]:
+    """The credited spans of the turn's last check: ``+weight`` for each part it passed, ``-weight`` for each it
+    failed, by start; none with a zero weight or a check without spans. A span that runs past the completion (the
+    product counted another text) is left out: it names no token of this turn."""
+    if not weight or check is None or not check.spans:
         return []
     return [
         CreditedSpan(start=span.start, end=span.end, credit=weight if span.passed else -weight)
-        for span in sorted(last.spans, key=lambda span: span.start)
+        for span in sorted(check.spans, key=lambda span: span.start)
         if span.end <= completion_chars
     ]
 
 
 def _turn_reward(
-    credit: TrajectoryCredit, counted: Iterable[EventBase], spec: RewardSpec
+    credit: TrajectoryCredit, check: TestsResultPayload | None, spec: RewardSpec
 ) -> tuple[float, dict[str, float]]:
     """The turn's reward and components: the trajectory's, plus its own check where the spec weighs one."""
     weight = _agent_spec(spec).weights.turn_check
-    share = turn_check(counted) if weight else None
+    share = turn_check(check) if weight else None
     if share is None:
         return credit.reward, credit.components
     components = dict(sorted({**credit.components, "turn_check": weight * share + 0.0}.items()))
