@@ -5,37 +5,71 @@ steps on the simulator's language (:func:`liveloop.demo.simulator.language.pretr
 the caller: this floor may not import ``liveloop``) make its completions plausible, so that the loop
 starts from a policy whose outputs users can judge. Deterministic for a seed: batches are drawn from a
 private generator and the global RNG is left as it was.
+
+A text is either plain (every token is learned) or :class:`Prompted` (only its completion is): an agent scenario's
+base reads a long context and writes a short answer, and over the whole text almost all of the loss is the
+context's filler, which no model can predict; the answer's few bytes then teach next to nothing.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 
-def encode_texts(tokenizer: Any, texts: Sequence[str], max_length: int) -> list[list[int]]:
-    """Token ids of each text with the tokenizer's special tokens (ByT5 appends eos, so the model learns to stop)."""
-    encoded = [list(tokenizer(text, add_special_tokens=True)["input_ids"])[:max_length] for text in texts]
-    return [ids for ids in encoded if len(ids) >= 2]
+class Prompted(NamedTuple):
+    """A pre-training text whose prompt is read but not learned: the loss counts the completion's tokens only (and
+    the eos after them), as a model fine-tuned on answers is."""
+
+    prompt: str
+    completion: str
 
 
-def _batch(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    width = max(len(r) for r in rows)
+PretrainingText = str | Prompted
+"""A plain text (every token learned) or a :class:`Prompted` one."""
+
+
+class EncodedText(NamedTuple):
+    """A text's token ids and how many leading ones are context only (not predicted)."""
+
+    ids: list[int]
+    read_only: int = 0
+
+
+def encode_texts(tokenizer: Any, texts: Sequence[PretrainingText], max_length: int) -> list[EncodedText]:
+    """Token ids of each text with the tokenizer's special tokens (ByT5 appends eos, so the model learns to stop),
+    cut to ``max_length``; a text with fewer than 2 tokens, or a prompted one cut before its completion, is left
+    out (nothing to learn)."""
+    encoded = []
+    for text in texts:
+        whole = text if isinstance(text, str) else text.prompt + text.completion
+        ids = list(tokenizer(whole, add_special_tokens=True)["input_ids"])[:max_length]
+        # A byte tokenizer encodes the prompt to the same ids on its own as at the front of the whole text.
+        read_only = 0 if isinstance(text, str) else len(tokenizer(text.prompt, add_special_tokens=False)["input_ids"])
+        if len(ids) >= 2 and read_only < len(ids):
+            encoded.append(EncodedText(ids, read_only))
+    return encoded
+
+
+def _batch(rows: list[EncodedText], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    width = max(len(r.ids) for r in rows)
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(rows), width), dtype=torch.long)
     for i, row in enumerate(rows):
-        ids[i, : len(row)] = torch.tensor(row, dtype=torch.long)
-        mask[i, : len(row)] = 1
+        ids[i, : len(row.ids)] = torch.tensor(row.ids, dtype=torch.long)
+        mask[i, : len(row.ids)] = 1
     labels = ids.masked_fill(mask == 0, -100)  # padding is not predicted
+    for i, row in enumerate(rows):
+        labels[i, : row.read_only] = -100  # nor is a prompted text's prompt
     return ids, mask, labels
 
 
 def pretrain(
     model: Any,
     tokenizer: Any,
-    texts: Sequence[str],
+    texts: Sequence[PretrainingText],
     *,
     steps: int,
     lr: float = 3e-3,
@@ -45,7 +79,8 @@ def pretrain(
     warmup_steps: int = 20,
     threads: int | None = None,
 ) -> list[float]:
-    """Train ``model`` in place with next-token cross-entropy on ``texts``; return the loss of every step.
+    """Train ``model`` in place with next-token cross-entropy on ``texts`` (a :class:`Prompted` text's completion
+    only); return the loss of every step.
 
     Each step draws ``batch_size`` texts at random (with replacement, from ``seed``), right-pads them and
     takes one AdamW step (linear warm-up over ``warmup_steps``, then cosine decay to 10 % of ``lr``). The

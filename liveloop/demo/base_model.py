@@ -16,17 +16,21 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 from infra.stack import Stack
+from learner.pretrain import PretrainingText
 from liveloop.demo.scenarios import Pretraining, Scenario
 from liveloop.demo.settings import DemoSettings
 from liveloop.profiles import register_base_model
 
 CACHE_KEY_VERSION = 1
 """Bump when the cache's layout or the meaning of a key's fields changes."""
+PROMPTED_MARK = b"\xff"
+"""Marks a prompted text in the corpus fingerprint: a plain text's 8-byte length never starts with it."""
 
 
 Origin = Literal["cache", "pretrained", "state"]
@@ -60,13 +64,18 @@ def recipe(scenario: Scenario, profile: str, seed: int, steps: int | None = None
     }
 
 
-def corpus_fingerprint(texts: list[str]) -> str:
-    """sha256 of the corpus texts, each length-prefixed (so two corpora never hash alike by concatenation)."""
+def corpus_fingerprint(texts: Sequence[PretrainingText]) -> str:
+    """sha256 of the corpus texts, each part length-prefixed (so two corpora never hash alike by concatenation);
+    a prompted text is marked by a leading byte no length starts with, so it never hashes like a plain one."""
     digest = hashlib.sha256()
     for text in texts:
-        data = text.encode()
-        digest.update(len(data).to_bytes(8, "big"))
-        digest.update(data)
+        parts = [text] if isinstance(text, str) else [text.prompt, text.completion]
+        if not isinstance(text, str):
+            digest.update(PROMPTED_MARK)
+        for part in parts:
+            data = part.encode()
+            digest.update(len(data).to_bytes(8, "big"))
+            digest.update(data)
     return digest.hexdigest()
 
 
@@ -103,7 +112,9 @@ def pretrained_base(scenario: Scenario, profile: str, seed: int, settings: DemoS
     return cached, False, key
 
 
-def _pretrain(p: Pretraining, texts: list[str], fields: dict[str, object], seed: int, into: Path) -> None:
+def _pretrain(
+    p: Pretraining, texts: Sequence[PretrainingText], fields: dict[str, object], seed: int, into: Path
+) -> None:
     from learner.pretrain import pretrain
     from learner.tiny_model import build_tiny_model, byte_tokenizer
 

@@ -14,12 +14,13 @@ reads them; it holds no constant of its own.
 from __future__ import annotations
 
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
 import distill.specs
+from learner.pretrain import PretrainingText, Prompted
 from learner.tiny_model import TinyModelSpec
 from liveloop.demo.held_out import HeldOutEvaluation, swarm_held_out
 from liveloop.exit_codes import UsageProblem
@@ -31,9 +32,9 @@ SUITES = DEFAULT_SUITE.parent
 REWARD_SPECS = Path(distill.specs.__file__).parent
 """The packaged reward specs (``distill/specs``): a scenario may run the distiller under its own."""
 
-CorpusFunction = Callable[[str, int, int], list[str]]
+CorpusFunction = Callable[[str, int, int], Sequence[PretrainingText]]
 """``(profile, size, seed) -> texts``: the pre-training corpus (the code language depends on the users' profile;
-the agent task families ignore it)."""
+the agent task families ignore it); a :class:`learner.pretrain.Prompted` text is learned on its completion only."""
 
 
 def code_corpus(profile: str, size: int, seed: int) -> list[str]:
@@ -50,8 +51,9 @@ def swarm_corpus(profile: str, size: int, seed: int) -> list[str]:
     return pretraining_corpus(size=size, seed=seed)
 
 
-def summary_corpus(profile: str, size: int, seed: int) -> list[str]:
-    """The summary scenario's corpus: :func:`liveloop.demo.simulator.summary_corpus.pretraining_corpus` (no profile)."""
+def summary_corpus(profile: str, size: int, seed: int) -> list[Prompted]:
+    """The summary scenario's corpus: :func:`liveloop.demo.simulator.summary_corpus.pretraining_corpus` (no profile;
+    prompted: the base learns the summaries, not the contexts)."""
     from liveloop.demo.simulator.summary_corpus import pretraining_corpus
 
     return pretraining_corpus(size=size, seed=seed)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from learner.pretrain import encode_texts, pretrain
+from learner.pretrain import EncodedText, Prompted, encode_texts, pretrain
 from learner.tiny_model import TinyModelSpec, build_tiny_model, byte_tokenizer
 
 # A small, regular corpus: a model that learns anything drops far below the ~6 nats of a uniform guess.
@@ -44,8 +44,35 @@ def test_the_global_rng_and_thread_count_are_left_alone() -> None:
 
 def test_texts_end_with_eos_so_the_model_learns_to_stop() -> None:
     tokenizer = byte_tokenizer()
-    (ids,) = encode_texts(tokenizer, ["ab"], max_length=16)
-    assert ids == [ord("a") + 3, ord("b") + 3, tokenizer.eos_token_id]
+    (encoded,) = encode_texts(tokenizer, ["ab"], max_length=16)
+    assert encoded.ids == [ord("a") + 3, ord("b") + 3, tokenizer.eos_token_id]
+    assert encoded.read_only == 0  # a plain text is learned whole
+
+
+def test_a_prompted_text_marks_its_prompt_read_only_and_one_cut_before_its_completion_is_left_out() -> None:
+    tokenizer = byte_tokenizer()
+    encoded = encode_texts(tokenizer, [Prompted("ab", "c"), Prompted("abcd", "e"), "xy"], max_length=4)
+    assert encoded == [
+        EncodedText([ord("a") + 3, ord("b") + 3, ord("c") + 3, tokenizer.eos_token_id], read_only=2),
+        EncodedText([ord("x") + 3, ord("y") + 3, tokenizer.eos_token_id], read_only=0),
+    ]
+
+
+def test_a_prompted_corpus_is_learned_on_its_completions_only() -> None:
+    # Prompts of random bytes nobody can predict, each followed by the same answer: learned on the whole text the
+    # loss stays near the noise's entropy; learned on the answers alone it falls to almost nothing.
+    rng = torch.Generator().manual_seed(0)
+    noise = ["".join(chr(97 + int(c)) for c in torch.randint(26, (24,), generator=rng)) for _ in range(64)]
+
+    def last_loss(texts: list[str] | list[Prompted]) -> float:
+        model = build_tiny_model(TinyModelSpec(seed=3))
+        losses = pretrain(model, byte_tokenizer(), texts, steps=80, lr=3e-3, batch_size=16, seed=0, threads=1)
+        return sum(losses[-10:]) / 10
+
+    prompted = last_loss([Prompted(text, " ok") for text in noise])
+    whole = last_loss([text + " ok" for text in noise])
+    assert prompted < 0.3
+    assert whole > 2.0
 
 
 def test_bad_arguments_are_refused() -> None:

@@ -7,7 +7,9 @@ gateway serves prompts without one), and counts, by the move the corpus calls ri
 exactly the right text:
 
 - ``prune``: ``search``, the right ``prune_chunks`` call, ``answer NN`` with the chain's value;
-- ``summary``: how many of the facts the context holds the summary kept, and on how many prompts it kept them all.
+- ``summary``: how many of the facts the context holds the summary kept, and on how many prompts it kept them all;
+  with ``--samples N`` also N completions per prompt sampled at temperature 1, as the demo serves them: the share of
+  held facts they keep, and the shares of summaries that make a fact up or copy the context (the planted hacks).
 
 Run it on a cached base (``~/.cache/liveloop/base-models/<scenario>-<key>``) or any saved one::
 
@@ -48,11 +50,24 @@ def probe_prune(model: Any, tokenizer: Any, count: int, seed: int) -> dict[str, 
     return {plan: {"right": right[plan], "of": seen[plan]} for plan in seen}
 
 
-def probe_summary(model: Any, tokenizer: Any, count: int, seed: int) -> dict[str, Any]:
+def sample(model: Any, tokenizer: Any, prompt: str, max_new_tokens: int, samples: int) -> list[str]:
+    """``samples`` completions' first lines, sampled at temperature 1 with no top-k or top-p, as the demo serves."""
+    ids = tokenizer(prompt, return_tensors="pt", add_special_tokens=False).input_ids
+    with torch.no_grad():
+        out = model.generate(
+            ids.repeat(samples, 1), max_new_tokens=max_new_tokens, do_sample=True, temperature=1.0, top_k=0,
+            top_p=1.0, pad_token_id=0,
+        )  # fmt: skip
+    return [str(tokenizer.decode(row[ids.shape[1] :], skip_special_tokens=True)).split("\n")[0] for row in out]
+
+
+def probe_summary(model: Any, tokenizer: Any, count: int, seed: int, samples: int = 0) -> dict[str, Any]:
     from liveloop.demo.simulator.summaries import SUMMARY_CUE, facts_held, read_summary
     from liveloop.demo.simulator.summary_corpus import corpus_examples
 
     with_facts = facts_in_context = facts_kept = all_kept = 0
+    sampled = sampled_held = sampled_kept = made_up = verbatim = 0
+    torch.manual_seed(seed)
     for example in corpus_examples(size=count, seed=seed):
         if not facts_held(example.prompt.removesuffix(SUMMARY_CUE), example.task):
             continue  # nothing to keep: any summary keeps it all
@@ -62,12 +77,27 @@ def probe_summary(model: Any, tokenizer: Any, count: int, seed: int) -> dict[str
         facts_in_context += len(read.held)
         facts_kept += len(read.held) - len(read.lost)
         all_kept += read.keeps_all
-    return {
+        for text in sample(model, tokenizer, example.prompt, 64, samples) if samples else []:
+            read = read_summary(text, example.prompt, example.task)
+            sampled += 1
+            sampled_held += len(read.held)
+            sampled_kept += len(read.held) - len(read.lost)
+            made_up += bool(read.made_up)
+            verbatim += read.verbatim
+    figures: dict[str, Any] = {
         "prompts_with_facts": with_facts,
         "facts_in_context": facts_in_context,
         "facts_kept": facts_kept,
         "prompts_all_kept": all_kept,
     }
+    if sampled:
+        figures["sampled"] = {
+            "summaries": sampled,
+            "kept_share": round(sampled_kept / sampled_held, 3),
+            "made_up_share": round(made_up / sampled, 3),
+            "verbatim_share": round(verbatim / sampled, 3),
+        }
+    return figures
 
 
 def main() -> None:
@@ -76,13 +106,17 @@ def main() -> None:
     parser.add_argument("base", type=Path, help="a saved base model folder")
     parser.add_argument("--count", type=int, default=60, help="corpus prompts to complete")
     parser.add_argument("--seed", type=int, default=99, help="the corpus seed: not the base's own")
+    parser.add_argument("--samples", type=int, default=0, help="summary: sampled completions per prompt, too")
     args = parser.parse_args()
     from transformers import AutoModelForCausalLM
 
     torch.set_num_threads(1)
     model = AutoModelForCausalLM.from_pretrained(args.base).eval()
-    probe = probe_prune if args.scenario == "prune" else probe_summary
-    print(json.dumps(probe(model, byte_tokenizer(), args.count, args.seed), indent=2))
+    if args.scenario == "prune":
+        figures = probe_prune(model, byte_tokenizer(), args.count, args.seed)
+    else:
+        figures = probe_summary(model, byte_tokenizer(), args.count, args.seed, args.samples)
+    print(json.dumps(figures, indent=2))
 
 
 if __name__ == "__main__":

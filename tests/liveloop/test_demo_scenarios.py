@@ -3,6 +3,7 @@ hit, the report's markdown, the agent suites, and the CLI's refusal of a scenari
 
 from __future__ import annotations
 
+import hashlib
 import os
 import random
 import subprocess
@@ -11,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from learner.pretrain import Prompted
 from learner.settings import LearnerSettings
 from learner.tiny_model import TinyModelSpec
 from liveloop.demo.agent_report import Estimate, agent_markdown, build_agent_report, figure_specs, judge
@@ -241,6 +243,12 @@ def test_the_cache_key_changes_with_every_part_of_the_recipe_and_the_corpus() ->
     assert base not in changed
     assert len(set(changed)) == len(changed)
     assert corpus_fingerprint(["ab", "c"]) != corpus_fingerprint(["a", "bc"])
+    # A prompted corpus never hashes like the plain texts it concatenates, nor like another split of them; plain
+    # texts hash as they did before prompted ones existed (every cached base keeps its key).
+    prompted = {corpus_fingerprint([Prompted("ab", "c")]), corpus_fingerprint([Prompted("a", "bc")])}
+    assert len(prompted) == 2
+    assert corpus_fingerprint(["abc"]) not in prompted
+    assert corpus_fingerprint(["abc"]) == hashlib.sha256((3).to_bytes(8, "big") + b"abc").hexdigest()
 
 
 def test_a_cache_hit_skips_pretraining_and_no_cache_writes_nothing(tmp_path: Path) -> None:

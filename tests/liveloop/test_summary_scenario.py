@@ -433,8 +433,11 @@ def test_every_corpus_summary_reads_back_as_the_plan_it_was_written_in() -> None
     assert 0.55 < keeps_all / len(examples) < 0.65
 
 
-def test_pretraining_corpus_is_the_examples_texts() -> None:
-    assert pretraining_corpus(size=50, seed=4) == [e.text for e in corpus_examples(size=50, seed=4)]
+def test_pretraining_corpus_is_the_examples_summaries_each_after_its_prompt() -> None:
+    corpus = pretraining_corpus(size=50, seed=4)
+    examples = corpus_examples(size=50, seed=4)
+    assert [text.prompt + text.completion for text in corpus] == [e.text for e in examples]
+    assert [text.prompt for text in corpus] == [e.prompt for e in examples]  # the base learns the summary alone
 
 
 def test_summarise_prompt_is_the_context_then_the_cue() -> None:
