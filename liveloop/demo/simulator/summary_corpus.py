@@ -2,7 +2,8 @@
 
 :func:`pretraining_corpus` writes it: summarise prompts from played sessions and
 summaries that keep every fact (half), drop some, or copy the context verbatim, so that the base keeps the right
-facts only about half the time and the loop has something to teach.
+facts only about half the time and the loop has something to teach. The texts are prompted: the base learns the
+summaries, not the contexts (see :func:`pretraining_corpus`).
 
 Kept apart from :mod:`liveloop.demo.simulator.summaries` (the task family the simulator plays and verifies): the
 corpus only writes summaries in that family's language, it plays no part in a live session.
@@ -105,8 +106,8 @@ def pretraining_corpus(
 
     Why: over the whole text, nine tenths of the loss is the context's filler, which no model can predict, and the
     summary's few bytes taught the base next to nothing. Sampled as the demo serves them (temperature 1), bases
-    pre-trained on whole texts kept 0.22 and 0.32 of the facts their contexts held and made one up in 0.73 and
-    0.62 of their summaries (seeds 0 and 1); on the summaries alone, 0.69 and 0.67, and 0.08 and 0.05
+    pre-trained on whole texts kept 0.19 and 0.33 of the facts their contexts held and made one up in 0.76 and
+    0.63 of their summaries (seeds 0 and 1); on the summaries alone, 0.67 and 0.69, and 0.08 and 0.06
     (docs/agent-learnability.md, "Pre-trained on its summaries")."""
     return [
         Prompted(example.prompt, example.text.removeprefix(example.prompt))
