@@ -69,9 +69,11 @@ def corpus_fingerprint(texts: Sequence[PretrainingText]) -> str:
     a prompted text is marked by a leading byte no length starts with, so it never hashes like a plain one."""
     digest = hashlib.sha256()
     for text in texts:
-        parts = [text] if isinstance(text, str) else [text.prompt, text.completion]
-        if not isinstance(text, str):
+        if isinstance(text, str):
+            parts = [text]
+        else:
             digest.update(PROMPTED_MARK)
+            parts = [text.prompt, text.completion]
         for part in parts:
             data = part.encode()
             digest.update(len(data).to_bytes(8, "big"))
